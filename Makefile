@@ -1,0 +1,33 @@
+# Every target first sets up .venv and models/ (both idempotent), so any of them works as the
+# first command on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# A CPU build of torch: an unpinned torch pulls a multi-GB CUDA build on Linux. Override on a GPU
+# machine, e.g. `make test TORCH=torch`.
+TORCH  ?= torch==2.13.0
+
+.PHONY: check test book serve setup models
+check: setup
+	$(PY) tools/steps.py check
+
+test: setup
+	$(PY) -m pytest -q
+
+book: setup
+	$(PY) -m mkdocs build --strict
+
+serve: setup
+	$(PY) -m mkdocs serve
+
+setup: $(VENV)/.installed models
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+models: $(VENV)/.installed
+	$(PY) tools/models.py

