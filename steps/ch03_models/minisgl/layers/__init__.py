@@ -1,0 +1,27 @@
+"""Layers: small operators that declare their parameters by name and call the kernels."""
+
+from .activation import SiluAndMul
+from .attention import AttentionLayer
+from .base import BaseOP, OPList, StatelessOP, meta_param
+from .embedding import Embedding, LMHead
+from .linear import Linear, MergedLinear, QKVLinear
+from .norm import FusedAddRMSNorm, RMSNorm
+from .rotary import RotaryEmbedding, rope_inv_freq
+
+__all__ = [
+    "AttentionLayer",
+    "BaseOP",
+    "Embedding",
+    "FusedAddRMSNorm",
+    "LMHead",
+    "Linear",
+    "MergedLinear",
+    "OPList",
+    "QKVLinear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SiluAndMul",
+    "StatelessOP",
+    "meta_param",
+    "rope_inv_freq",
+]

@@ -1,0 +1,5 @@
+"""Small helpers shared by the upper modules."""
+
+from .registry import Registry
+
+__all__ = ["Registry"]

