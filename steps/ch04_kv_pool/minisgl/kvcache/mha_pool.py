@@ -16,6 +16,7 @@ class MHAKVPool:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.bytes_per_page = self.page_bytes(num_layers, page_size, num_kv_heads, head_dim, dtype)
         self._buffer = torch.zeros(2, num_layers, num_pages, page_size, num_kv_heads, head_dim,
                                    dtype=dtype, device=device)
         self._slot_shape = (num_pages * page_size, num_kv_heads, head_dim)
@@ -35,6 +36,8 @@ class MHAKVPool:
                  layer_id: int) -> None:
         store_kv(self.k_cache(layer_id), self.v_cache(layer_id), out_loc, k, v)
 
-    @property
-    def bytes_per_page(self) -> int:
-        return self._buffer[:, :, 0].numel() * self._buffer.element_size()
+    @staticmethod
+    def page_bytes(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
+                   dtype: torch.dtype) -> int:
+        """Bytes one page takes: K and V, for every layer."""
+        return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize

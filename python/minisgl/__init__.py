@@ -1,0 +1,1 @@
+../../steps/ch01_core/minisgl/__init__.py

@@ -1,0 +1,1 @@
+../../../steps/ch05_attention/minisgl/attention/torch_backend.py

@@ -1,0 +1,1 @@
+../../../steps/ch01_core/minisgl/core/batch.py

@@ -1,0 +1,1 @@
+../../../steps/ch06_engine/minisgl/engine/__init__.py

@@ -1,0 +1,1 @@
+../../../steps/ch06_engine/minisgl/engine/engine.py

@@ -1,0 +1,1 @@
+../../../steps/ch04_kv_pool/minisgl/kernel/__init__.py

@@ -1,0 +1,1 @@
+../../../steps/ch04_kv_pool/minisgl/kvcache/mha_pool.py

@@ -1,0 +1,1 @@
+../../../steps/ch02_layers/minisgl/layers/rotary.py

@@ -1,0 +1,1 @@
+../../../steps/ch06_engine/minisgl/utils/__init__.py

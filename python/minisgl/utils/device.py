@@ -1,0 +1,1 @@
+../../../steps/ch06_engine/minisgl/utils/device.py

@@ -1,0 +1,22 @@
+"""Small helpers shared by the upper modules."""
+
+from .device import (Event, NullEvent, NullStream, Stream, configure_cpu_threads, create_event,
+                     create_stream, physical_core_count, pick_device, pin, usable_cpu_count,
+                     use_stream)
+from .registry import Registry
+
+__all__ = [
+    "Event",
+    "NullEvent",
+    "NullStream",
+    "Registry",
+    "Stream",
+    "configure_cpu_threads",
+    "create_event",
+    "create_stream",
+    "physical_core_count",
+    "pick_device",
+    "pin",
+    "usable_cpu_count",
+    "use_stream",
+]

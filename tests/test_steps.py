@@ -1,0 +1,253 @@
+"""tools/steps.py on a small fixture repository: three chapters, trivial mains, no torch."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "steps.py"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("steps_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+steps = _load_tool()
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def chapter(root: Path, name: str, main: str, files: dict[str, str] = {}, toml: str = "") -> Path:
+    d = root / "steps" / name
+    write(d / "chapter.toml", f'title = "第 {name[2:4]} 章"\nstage = 0\n{toml}')
+    write(d / "main.py", main)
+    for rel, text in files.items():
+        write(d / "minisgl" / rel, text)
+    write(root / "book" / f"{name}.md", f"# {name}\n")
+    return d
+
+
+def make_repo(root: Path) -> Path:
+    chapter(root, "ch00_a", 'print("第 0 步")\n', toml="early = []\nmax_main_lines = 5\n")
+    chapter(root, "ch01_b", "import minisgl.x as x\nassert x.VALUE == 1\nprint('x =', x.VALUE)\n",
+            {"__init__.py": "", "x.py": "# x\nVALUE = 1\nNAME = 'x'\n"})
+    chapter(root, "ch02_c", "import minisgl.x, minisgl.y\nassert minisgl.x.VALUE == 2\nprint(minisgl.y.hello())\n",
+            {"x.py": "# x\nVALUE = 2\nNAME = 'x'\n", "y.py": "def hello():\n    return 'y'\n"},
+            toml='early = ["minisgl/y.py"]\n')
+    (root / "python").mkdir()
+    return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "repo")
+
+
+def set_main(root: Path, name: str, text: str) -> None:
+    write(root / "steps" / name / "main.py", text)
+
+
+def outcome(root: Path, spec: str):
+    return steps.check_chapter(root, steps.find_chapter(root, spec))
+
+
+def test_clean_fixture_passes_with_right_counts(repo: Path, capsys) -> None:
+    steps.link(repo)
+    assert steps.check(repo) == 0
+    table = capsys.readouterr().out
+    assert "ch02_c" in table and "失败" not in table
+    o = outcome(repo, "2")
+    assert (o.new, o.modified, o.early, o.passed, o.stdout) == (1, 1, 1, True, "y\n")
+    o = outcome(repo, "ch01_b")
+    assert (o.new, o.modified, o.early, o.stdout) == (2, 0, 0, "x = 1\n")
+
+
+def test_chapter_numbers_accept_several_spellings(repo: Path) -> None:
+    assert {steps.find_chapter(repo, s).name for s in ["1", "01", "ch01_b", "steps/ch01_b/", 1]} == {"ch01_b"}
+    with pytest.raises(steps.StepsError, match="'7'"):
+        steps.find_chapter(repo, "7")
+
+
+def test_importing_a_later_chapters_module_is_caught(repo: Path) -> None:
+    steps.link(repo)  # python/minisgl/y.py exists: main reaches it through the package path
+    set_main(repo, "ch01_b", "import minisgl\nminisgl.__path__.append('python/minisgl')\nimport minisgl.y\n")
+    o = outcome(repo, "1")
+    assert not o.passed and "越界导入 minisgl.y（来自 " in o.error and "python/minisgl/y.py）" in o.error
+    assert "main 退出码 1" in o.error  # refused at import time, not just noticed afterwards
+    assert any("ImportError: step isolation: 'minisgl.y'" in line for line in o.output)
+
+
+def test_an_editable_install_finder_is_caught(repo: Path) -> None:
+    steps.link(repo)  # what setuptools' editable finder does: map the package to python/minisgl
+    set_main(repo, "ch01_b", "import sys\nfrom importlib.machinery import PathFinder\n"
+             "class Editable:\n    @staticmethod\n    def find_spec(name, path=None, target=None):\n"
+             "        return PathFinder.find_spec(name, ['python/minisgl']) if name == 'minisgl.y' else None\n"
+             "sys.meta_path.append(Editable)\nimport minisgl.y\n")
+    o = outcome(repo, "1")
+    assert "越界导入 minisgl.y" in o.error and "main 退出码 1" in o.error
+
+
+def test_a_swallowed_import_error_still_fails(repo: Path) -> None:
+    steps.link(repo)
+    set_main(repo, "ch01_b", "import sys\nsys.path.insert(0, 'python')\n"
+                             "try:\n    import minisgl.y\nexcept ImportError:\n    pass\n")
+    o = outcome(repo, "1")
+    assert not o.passed and "越界导入 minisgl（" in o.error and "main 退出码" not in o.error
+
+
+def test_module_loaded_by_file_path_is_caught_at_exit(repo: Path) -> None:
+    steps.link(repo)  # spec_from_file_location skips the finders; the exit sweep sees it
+    set_main(repo, "ch01_b", "import importlib.util, sys\n"
+             "spec = importlib.util.spec_from_file_location('minisgl.y', 'python/minisgl/y.py')\n"
+             "sys.modules['minisgl.y'] = m = importlib.util.module_from_spec(spec)\n"
+             "spec.loader.exec_module(m)\n")
+    assert "越界导入 minisgl.y" in outcome(repo, "1").error
+
+
+@pytest.mark.parametrize("propagate", [True, False])
+def test_violation_in_a_child_process_is_caught(repo: Path, propagate: bool) -> None:
+    steps.link(repo)
+    child = "import minisgl; minisgl.__path__.append('python/minisgl'); import minisgl.y"
+    set_main(repo, "ch01_b", f"import subprocess, sys\nr = subprocess.run([sys.executable, '-c', {child!r}])\n"
+             + ("sys.exit(r.returncode)\n" if propagate else ""))
+    o = outcome(repo, "1")
+    assert not o.passed and "越界导入 minisgl.y" in o.error and "在子进程中" in o.error
+    assert ("main 退出码 1" in o.error) == propagate
+    assert any("ImportError" in line for line in o.output)
+
+
+def test_violation_in_a_multiprocessing_spawn_child_is_caught(repo: Path) -> None:
+    steps.link(repo)
+    set_main(repo, "ch01_b", "import multiprocessing as mp, sys\n"
+             "def peek():\n    import minisgl\n    minisgl.__path__.append('python/minisgl')\n"
+             "    import minisgl.y\n"
+             "if __name__ == '__main__':\n    p = mp.get_context('spawn').Process(target=peek)\n"
+             "    p.start()\n    p.join()\n    print('child exit code', p.exitcode)\n")
+    o = outcome(repo, "1")
+    assert "child exit code 1" in o.stdout and "越界导入 minisgl.y" in o.error
+
+
+def test_a_stale_link_tree_is_caught(repo: Path, capsys) -> None:
+    steps.link(repo)
+    pkg = repo / "python" / "minisgl"
+    (pkg / "x.py").unlink()
+    (pkg / "x.py").symlink_to("../../steps/ch01_b/minisgl/x.py")  # an older snapshot
+    (pkg / "y.py").unlink()  # missing
+    (pkg / "z.py").symlink_to("../../steps/ch02_c/minisgl/y.py")  # extra
+    (pkg / "__init__.py").unlink()
+    write(pkg / "__init__.py", "")  # a copy, not a link
+    problems = "\n".join(steps.link_problems(repo))
+    assert "x.py: points to ../../steps/ch01_b/minisgl/x.py, newest is steps/ch02_c/minisgl/x.py" in problems
+    assert "y.py: missing" in problems and "z.py: extra" in problems and "__init__.py: a regular file" in problems
+    assert steps.check(repo, ["0"]) == 1  # checked once, even when the chapters pass
+    assert "python tools/steps.py link" in capsys.readouterr().out
+
+
+def test_link_is_idempotent_and_relative(repo: Path) -> None:
+    assert steps.link_problems(repo)  # nothing linked yet
+    assert len(steps.link(repo)) == 3
+    assert steps.link(repo) == [] and steps.link_problems(repo) == []
+    pkg = repo / "python" / "minisgl"
+    for rel, src in steps.final_overlay(repo).items():
+        link = repo / "python" / rel
+        assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+        assert link.resolve() == src.resolve()
+    assert (pkg / "x.py").resolve() == (repo / "steps/ch02_c/minisgl/x.py").resolve()
+    # A snapshot that goes away takes its link and its now-empty directory with it.
+    write(repo / "steps/ch02_c/minisgl/sub/z.py", "")
+    steps.link(repo)
+    (repo / "steps/ch02_c/minisgl/sub/z.py").unlink()
+    assert steps.link(repo) == ["- python/minisgl/sub/z.py", "- python/minisgl/sub/"]
+    assert not (pkg / "sub").exists() and steps.link_problems(repo) == []
+
+
+def test_link_refuses_to_overwrite_edited_regular_files(repo: Path) -> None:
+    write(repo / "python/minisgl/x.py", "edited\n")
+    with pytest.raises(steps.StepsError, match="python/minisgl/x.py"):
+        steps.link(repo)
+
+
+def test_tree_marks_new_modified_and_early(repo: Path) -> None:
+    assert steps.render_tree(repo, 1) == (
+        "minisgl/\n"
+        "├── __init__.py       ← 新建\n"
+        "└── x.py              ← 新建\n"
+        "steps/ch01_b/main.py\n")
+    assert steps.render_tree(repo, 2) == (
+        "minisgl/\n"
+        "├── __init__.py\n"
+        "├── x.py              ← 修改\n"
+        "└── y.py              ← 提前引入\n"
+        "steps/ch02_c/main.py\n")
+
+
+def test_tree_of_a_chapter_without_package_names_its_main(repo: Path) -> None:
+    tree = steps.render_tree(repo, 0)
+    assert tree.startswith("steps/ch00_a/main.py\n") and "还没有 minisgl 包" in tree
+
+
+def test_tree_draws_directories_first(repo: Path) -> None:
+    write(repo / "steps/ch02_c/minisgl/core/req.py", "")
+    assert steps.render_tree(repo, 2).splitlines()[:4] == [
+        "minisgl/", "├── core/", "│   └── req.py        ← 新建", "├── __init__.py"]
+
+
+def test_diff_shows_the_replaced_lines(repo: Path) -> None:
+    diff = steps.render_diff(repo, 2)
+    assert "--- a/minisgl/x.py\n+++ b/minisgl/x.py\n" in diff
+    assert "-VALUE = 1\n+VALUE = 2\n" in diff and "-NAME" not in diff
+    assert "--- /dev/null\n+++ b/minisgl/y.py\n" in diff and "+def hello():\n" in diff
+    assert steps.render_diff(repo, 0) == ""
+
+
+def test_max_main_lines_is_enforced(repo: Path) -> None:
+    set_main(repo, "ch00_a", "print(0)\n" * 6)
+    o = outcome(repo, "0")
+    assert not o.passed and "main.py 有 6 行，超过 max_main_lines = 5" in o.error
+
+
+def test_a_missing_book_page_fails(repo: Path, capsys) -> None:
+    steps.link(repo)
+    (repo / "book" / "ch01_b.md").unlink()
+    assert steps.check(repo, ["1"]) == 1
+    out = capsys.readouterr().out
+    assert "失败：缺少书页 book/ch01_b.md" in out and "输出的最后" not in out  # main itself passed
+
+
+def test_a_chapter_without_chapter_toml_fails_alone(repo: Path) -> None:
+    (repo / "steps/ch01_b/chapter.toml").unlink()
+    assert "缺少 steps/ch01_b/chapter.toml" in outcome(repo, "1").error
+    assert outcome(repo, "2").passed
+
+
+def test_a_failing_main_shows_its_output_tail(repo: Path, capsys) -> None:
+    steps.link(repo)
+    set_main(repo, "ch01_b", "print('before')\nraise SystemExit(3)\n")
+    assert steps.check(repo, ["1"]) == 1
+    out = capsys.readouterr().out
+    assert "before" in out and "main 退出码 3" in out
+
+
+def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:
+    steps.link(repo)
+    set_main(repo, "ch01_b", "import sys\nprint('out')\nprint('err', file=sys.stderr)\n")
+    assert steps.main(["--root", str(repo), "check", "01", "--record"]) == 0
+    header, blank, *rest = (repo / "book/runs/ch01_b.txt").read_text(encoding="utf-8").split("\n")
+    assert header.startswith("# 运行于 ") and "个逻辑核 · Python " in header and " · torch " in header
+    assert blank == "" and rest == ["out", ""]
+
+
+def test_build_materialises_copies(repo: Path, tmp_path: Path) -> None:
+    steps.build(repo, 2, tmp_path / "out")
+    built = tmp_path / "out" / "minisgl"
+    assert sorted(p.name for p in built.iterdir()) == ["__init__.py", "x.py", "y.py"]
+    assert not (built / "x.py").is_symlink() and "VALUE = 2" in (built / "x.py").read_text()
+    assert (tmp_path / "out" / "main.py").read_text().startswith("import minisgl.x")

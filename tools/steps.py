@@ -1,0 +1,604 @@
+#!/usr/bin/env python3
+"""The step checker: chapter snapshots under steps/ and the package they add up to.
+
+steps/chNN_<slug>/minisgl/... holds every file chapter NN creates or replaces. The package at
+chapter N is the overlay of chapters 0..N (later chapters win); python/minisgl is the overlay of
+all chapters as relative symlinks. Commands: check, tree, diff, build, link (see --help).
+The book's mkdocs hook imports this file and calls render_tree(root, n) / render_diff(root, n).
+"""
+
+import argparse
+import difflib
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHAPTER_DIR = re.compile(r"ch(\d{2})_\w+")
+PACKAGE = "minisgl"
+TAIL_LINES = 40
+
+
+class StepsError(Exception):
+    """A problem with the repository layout or the command line (not a failing chapter)."""
+
+
+# --------------------------------------------------------------------------- chapters, overlays
+
+
+@dataclass(frozen=True)
+class Chapter:
+    n: int
+    dir: Path
+    title: str
+    early: tuple[str, ...]
+    max_main_lines: int | None
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def main(self) -> Path:
+        return self.dir / "main.py"
+
+
+def load_chapter(d: Path, n: int) -> Chapter:
+    # A missing chapter.toml fails that chapter in check (a chapter being written), not the run.
+    toml = d / "chapter.toml"
+    try:
+        meta = tomllib.loads(toml.read_text(encoding="utf-8")) if toml.is_file() else {}
+    except tomllib.TOMLDecodeError as e:
+        raise StepsError(f"{toml}: {e}") from e
+    return Chapter(n, d, meta.get("title", ""), tuple(meta.get("early", [])), meta.get("max_main_lines"))
+
+
+def chapters(root: Path) -> list[Chapter]:
+    """All chapters under root/steps, sorted by number."""
+    found: dict[int, Chapter] = {}
+    for d in sorted((root / "steps").glob("ch*")):
+        m = CHAPTER_DIR.fullmatch(d.name)
+        if not (m and d.is_dir()):
+            continue
+        n = int(m.group(1))
+        if n in found:
+            raise StepsError(f"two directories for chapter {n}: {found[n].name} and {d.name}")
+        found[n] = load_chapter(d, n)
+    return [found[n] for n in sorted(found)]
+
+
+def find_chapter(root: Path, spec: "str | int") -> Chapter:
+    """Accept 3, "3", "03", "ch03_models" or "steps/ch03_models/"."""
+    name = Path(str(spec)).name
+    for ch in chapters(root):
+        if name == ch.name or (name.isdigit() and int(name) == ch.n):
+            return ch
+    raise StepsError(f"no chapter {spec!r} under {root / 'steps'}")
+
+
+def _is_cache(p: Path) -> bool:
+    return "__pycache__" in p.parts or p.suffix == ".pyc"
+
+
+def snapshot_files(ch: Chapter) -> list[str]:
+    """Package files this chapter creates or replaces, as 'minisgl/...' posix paths."""
+    top = ch.dir / PACKAGE
+    if not top.is_dir():
+        return []
+    return sorted(p.relative_to(ch.dir).as_posix() for p in top.rglob("*") if p.is_file() and not _is_cache(p))
+
+
+def overlay(root: Path, n: int) -> dict[str, Path]:
+    """The package at chapter n: 'minisgl/...' path -> newest snapshot of it up to chapter n."""
+    files: dict[str, Path] = {}
+    for ch in chapters(root):
+        if ch.n <= n:
+            files.update((rel, ch.dir / rel) for rel in snapshot_files(ch))
+    return dict(sorted(files.items()))
+
+
+def final_overlay(root: Path) -> dict[str, Path]:
+    return overlay(root, sys.maxsize)
+
+
+def touched(root: Path, ch: Chapter) -> dict[str, str]:
+    """Each file chapter ch writes -> 'new' or 'modified' (relative to chapter n-1)."""
+    before = overlay(root, ch.n - 1)
+    return {rel: "modified" if rel in before else "new" for rel in snapshot_files(ch)}
+
+
+def materialise(files: dict[str, Path], dest: Path) -> None:
+    """Copy an overlay under dest (copies, so module __file__s point inside dest)."""
+    for rel, src in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+
+
+# --------------------------------------------------------------------------- tree and diff
+
+
+def _nest(paths: list[str]) -> dict:
+    """'minisgl/a/b.py' paths -> nested dicts below minisgl/; leaves hold the path."""
+    tree: dict = {}
+    for rel in paths:
+        *dirs, leaf = rel.split("/")[1:]
+        node = tree
+        for d in dirs:
+            node = node.setdefault(d, {})
+        node[leaf] = rel
+    return tree
+
+
+def _draw(node: dict, prefix: str = "") -> list[tuple[str, str | None]]:
+    """Lines of a `tree --dirsfirst` drawing, each with the file path it shows (None for dirs)."""
+    entries = sorted(node.items(), key=lambda kv: (not isinstance(kv[1], dict), kv[0]))
+    lines: list[tuple[str, str | None]] = []
+    for i, (name, child) in enumerate(entries):
+        last = i == len(entries) - 1
+        branch = "└── " if last else "├── "
+        if isinstance(child, dict):
+            lines.append((f"{prefix}{branch}{name}/", None))
+            lines += _draw(child, prefix + ("    " if last else "│   "))
+        else:
+            lines.append((prefix + branch + name, child))
+    return lines
+
+
+def render_tree(root: Path, n: int) -> str:
+    """The annotated file tree of chapter n's package, for the book page."""
+    ch = find_chapter(root, n)
+    marks = {rel: "新建" if kind == "new" else "修改" for rel, kind in touched(root, ch).items()}
+    marks.update((rel, "提前引入") for rel in ch.early)
+    files = list(overlay(root, n))
+    lines = [(f"{PACKAGE}/", None)] + _draw(_nest(files)) if files else []
+    lines.append((f"steps/{ch.name}/main.py", None))
+    width = max(len(text) for text, _ in lines)
+    out = [text.ljust(width) + (f"  ← {marks[rel]}" if rel in marks else "") for text, rel in lines]
+    if not files:
+        out.append(f"（第 {ch.n} 章还没有 {PACKAGE} 包：main.py 不导入任何 {PACKAGE} 模块）")
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _lines(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(keepends=True)]
+
+
+def render_diff(root: Path, n: int) -> str:
+    """Unified diff of chapter n-1's package against chapter n's, file by file."""
+    ch = find_chapter(root, n)
+    before = overlay(root, ch.n - 1)
+    parts: list[str] = []
+    for rel in snapshot_files(ch):
+        old = _lines(before[rel]) if rel in before else []
+        old_name = f"a/{rel}" if rel in before else "/dev/null"
+        parts += difflib.unified_diff(old, _lines(ch.dir / rel), old_name, f"b/{rel}")
+    return "".join(parts)
+
+
+def build(root: Path, n: int, dest: Path) -> None:
+    """Materialise chapter n's package as dest/minisgl plus dest/main.py."""
+    ch = find_chapter(root, n)
+    shutil.rmtree(dest / PACKAGE, ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    materialise(overlay(root, ch.n), dest)
+    shutil.copy2(ch.main, dest / "main.py")
+
+
+# --------------------------------------------------------------------------- python/minisgl links
+
+
+def link_problems(root: Path) -> list[str]:
+    """How python/minisgl differs from relative links to the newest snapshot of every file."""
+    want, base = final_overlay(root), root / "python"
+    pkg = base / PACKAGE
+    if pkg.is_symlink():
+        return [f"python/{PACKAGE} is a link; it must be a real directory"]
+    problems = []
+    for rel, src in want.items():
+        dst = base / rel
+        if not dst.is_symlink():
+            problems.append(f"python/{rel}: {'a regular file, not a link' if dst.exists() else 'missing'}")
+        elif os.path.isabs(os.readlink(dst)):
+            problems.append(f"python/{rel}: absolute link {os.readlink(dst)}")
+        elif os.path.realpath(dst) != os.path.realpath(src):
+            problems.append(f"python/{rel}: points to {os.readlink(dst)}, newest is {src.relative_to(root)}")
+    for dirpath, dirnames, filenames in os.walk(pkg):
+        for d in [d for d in dirnames if Path(dirpath, d).is_symlink()]:
+            problems.append(f"python/{Path(dirpath, d).relative_to(base).as_posix()}: a directory link")
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not Path(dirpath, d).is_symlink()]
+        for f in filenames:
+            rel = Path(dirpath, f).relative_to(base).as_posix()
+            if rel not in want and not f.endswith(".pyc"):
+                problems.append(f"python/{rel}: extra, no chapter has it")
+    return problems
+
+
+def _real_dirs(base: Path, d: Path, changed: list[str]) -> None:
+    """Make every directory below base down to d a real directory (replacing directory links)."""
+    parts = d.relative_to(base).parts
+    for p in (base.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)):
+        if p.is_symlink():
+            p.unlink()
+            changed.append(f"- python/{p.relative_to(base).as_posix()} (directory link)")
+        p.mkdir(exist_ok=True)
+
+
+def _prune(base: Path, want: dict[str, Path], changed: list[str]) -> None:
+    """Remove links no chapter accounts for, then directories left empty."""
+    for dirpath, dirnames, filenames in os.walk(base / PACKAGE, topdown=False):
+        here = Path(dirpath)
+        for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
+            path, rel = here / name, (here / name).relative_to(base).as_posix()
+            if rel in want or _is_cache(path):
+                continue
+            if not path.is_symlink():
+                raise StepsError(f"python/{rel} is a regular file no chapter has: move it into steps/")
+            path.unlink()
+            changed.append(f"- python/{rel}")
+        if here != base / PACKAGE and not [e for e in os.listdir(here) if e != "__pycache__"]:
+            shutil.rmtree(here)
+            changed.append(f"- python/{here.relative_to(base).as_posix()}/")
+
+
+def link(root: Path) -> list[str]:
+    """Regenerate python/minisgl from steps/; returns what changed (empty when up to date)."""
+    want, base, changed = final_overlay(root), (root / "python").absolute(), []
+    (base / PACKAGE).mkdir(parents=True, exist_ok=True)
+    for rel, src in want.items():
+        dst = base / rel
+        _real_dirs(base, dst.parent, changed)
+        target = os.path.relpath(src.absolute(), dst.parent)
+        if dst.is_symlink() and os.readlink(dst) == target:
+            continue
+        if dst.exists() and not dst.is_symlink() and (dst.is_dir() or dst.read_bytes() != src.read_bytes()):
+            raise StepsError(f"python/{rel} is not a link and differs from {src.relative_to(root)}: "
+                             "move your edits into that snapshot first")
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        dst.symlink_to(target)
+        changed.append(f"+ python/{rel} -> {target}")
+    _prune(base, want, changed)
+    return changed
+
+
+# --------------------------------------------------------------------------- running a chapter
+
+# Imported first in every Python process of a check (the runner, and through sitecustomize every
+# child: multiprocessing spawn, `python -m minisgl`). A violation raises ImportError and is also
+# logged to a file, so a main that swallows the error, or a child whose exit code is lost, still
+# fails the chapter.
+GUARD = r'''
+import atexit, os, sys
+
+TREE = os.path.realpath(os.environ["MINISGL_STEP_TREE"])
+LOG = os.environ.get("MINISGL_STEP_LOG")
+
+def _ours(name):
+    return name == "minisgl" or name.startswith("minisgl.")
+
+def _inside(path):
+    return os.path.realpath(path).startswith(TREE + os.sep)
+
+def _violation(name, where):
+    if LOG:
+        with open(LOG, "a", encoding="utf-8") as f:
+            in_main = os.environ.get("MINISGL_STEP_MAIN_PID") == str(os.getpid())
+            f.write(f"{name}\t{where}\t{'main' if in_main else 'child'}\n")
+    msg = f"step isolation: {name!r} would come from {where}, outside this chapter's tree {TREE}"
+    print(msg, file=sys.stderr)
+    return msg
+
+
+class StepGuard:
+    """First on sys.meta_path: let the other finders resolve a minisgl module, then veto it if
+    it lives outside the tree (a later chapter, python/minisgl, an editable install)."""
+
+    def find_spec(self, name, path, target=None):
+        if not _ours(name):
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        places = [spec.origin] if spec.has_location else list(spec.submodule_search_locations or [])
+        outside = [p for p in places if not _inside(p)] or ([] if places else ["<no file>"])
+        if outside:
+            raise ImportError(_violation(name, outside[0]), name=name)
+        return spec
+
+
+@atexit.register
+def _sweep():
+    # Catches modules that skipped the finders (spec_from_file_location + sys.modules).
+    for name, mod in list(sys.modules.items()):
+        where = getattr(mod, "__file__", None)
+        if _ours(name) and where and not _inside(where):
+            _violation(name, where)
+
+
+sys.meta_path.insert(0, StepGuard())
+'''
+
+# Python imports sitecustomize from PYTHONPATH at start-up, so children get the guard too. (It
+# shadows a distribution's own sitecustomize; those only add crash reporters and the like.)
+SITECUSTOMIZE = "import os\nif os.environ.get('MINISGL_STEP_TREE'):\n    import _minisgl_step_guard\n"
+
+RUNNER = r'''
+import os, runpy, sys
+import _minisgl_step_guard  # sitecustomize installed it already; this makes sure
+os.environ["MINISGL_STEP_MAIN_PID"] = str(os.getpid())  # tells the guard main from its children
+tree, main = sys.argv[1], sys.argv[2]
+sys.path[0] = tree  # where `python main.py` would put the script's directory
+sys.argv = [main]
+runpy.run_path(main, run_name="__main__")
+'''
+
+
+@dataclass
+class Outcome:
+    chapter: Chapter
+    new: int
+    modified: int
+    early: int
+    seconds: float = 0.0
+    error: str = ""  # empty: passed
+    main_failed: bool = False  # main itself failed (so its output tail is worth showing)
+    stdout: str = ""
+    output: tuple[str, ...] = ()  # stdout and stderr lines, interleaved
+
+    @property
+    def passed(self) -> bool:
+        return not self.error
+
+
+def static_problems(root: Path, ch: Chapter) -> list[str]:
+    """What fails the chapter without running it: book page, main's length, early entries."""
+    problems = [] if (ch.dir / "chapter.toml").is_file() else [f"缺少 steps/{ch.name}/chapter.toml"]
+    if not (root / "book" / f"{ch.name}.md").is_file():
+        problems.append(f"缺少书页 book/{ch.name}.md")
+    if not ch.main.is_file():
+        problems.append(f"缺少 {ch.main.relative_to(root)}")
+    elif ch.max_main_lines is not None:
+        count = len(ch.main.read_text(encoding="utf-8").splitlines())
+        if count > ch.max_main_lines:
+            problems.append(f"main.py 有 {count} 行，超过 max_main_lines = {ch.max_main_lines}")
+    own = set(snapshot_files(ch))
+    problems += [f"early 里的 {rel} 不是本章的文件" for rel in ch.early if rel not in own]
+    return problems
+
+
+def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(tree), str(boot)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env.update(PYTHONPATH=os.pathsep.join(paths), MINISGL_STEP_TREE=str(tree), MINISGL_STEP_LOG=str(log),
+               PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
+    return env
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
+         timeout: float | None) -> tuple[int | None, str, list[str]]:
+    """Run cmd, collecting stdout and the interleaved output; rc None means it timed out."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, encoding="utf-8", errors="replace", start_new_session=True)
+    stdout: list[str] = []
+    combined: list[str] = []
+
+    def pump(stream, sink: list[str], echo) -> None:
+        for line in stream:
+            sink.append(line)
+            combined.append(line)  # list.append is atomic under the GIL
+            if verbose:
+                echo.write(line)
+                echo.flush()
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, stdout, sys.stdout), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, [], sys.stderr), daemon=True)]
+    for t in threads:
+        t.start()
+    rc: int | None = None
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:  # also on Ctrl-C: the chapter's processes live in their own session, so kill it
+        if rc is None:
+            _kill_session(proc)
+        for t in threads:
+            t.join(10)
+        if any(t.is_alive() for t in threads):  # main exited, but its children hold the pipes
+            _kill_session(proc)
+            for t in threads:
+                t.join(10)
+        proc.wait()
+    return rc, "".join(stdout), combined
+
+
+def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float | None = None) -> Outcome:
+    """Run chapter ch's main.py against its own overlay, with the isolation guard on."""
+    kinds = list(touched(root, ch).values())
+    out = Outcome(ch, kinds.count("new"), kinds.count("modified"), len(ch.early))
+    problems = static_problems(root, ch)
+    static = len(problems)
+    if ch.main.is_file():
+        with tempfile.TemporaryDirectory(prefix=f"minisgl-{ch.name}-") as tmp:
+            tree, boot, log = Path(tmp, "tree"), Path(tmp, "boot"), Path(tmp, "violations.log")
+            tree.mkdir()
+            materialise(overlay(root, ch.n), tree)
+            boot.mkdir()
+            for name, source in [("_minisgl_step_guard.py", GUARD), ("sitecustomize.py", SITECUSTOMIZE),
+                                 ("run_main.py", RUNNER)]:
+                (boot / name).write_text(source, encoding="utf-8")
+            start = time.monotonic()
+            cmd = [sys.executable, str(boot / "run_main.py"), str(tree), str(ch.main.absolute())]
+            rc, out.stdout, lines = _run(cmd, root, _guarded_env(tree, boot, log), verbose, timeout)
+            out.seconds, out.output = time.monotonic() - start, tuple(lines)
+            seen = dict.fromkeys(log.read_text(encoding="utf-8").splitlines() if log.exists() else [])
+            for entry in seen:
+                name, where, who = entry.split("\t")
+                problems.append(f"越界导入 {name}（来自 {where}{'，在子进程中' if who == 'child' else ''}）")
+            if rc is None:
+                problems.append(f"超时（{timeout:g} 秒）")
+            elif rc != 0:
+                problems.append(f"main 退出码 {rc}")
+    out.error, out.main_failed = "；".join(problems), len(problems) > static
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _width(s: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def format_table(rows: list[list[str]]) -> str:
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell + " " * (w - _width(cell)) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def outcome_table(outcomes: list[Outcome]) -> str:
+    rows = [["章节", "标题", "新建", "修改", "提前", "秒", "结果"]]
+    rows += [[o.chapter.name, o.chapter.title, str(o.new), str(o.modified), str(o.early), f"{o.seconds:.1f}",
+              "通过" if o.passed else f"失败：{o.error}"] for o in outcomes]
+    return format_table(rows)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "未安装"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_line() -> str:
+    return (f"# 运行于 {date.today():%Y-%m-%d} · {_cpu_model()} · {os.cpu_count()} 个逻辑核 · "
+            f"Python {platform.python_version()} · torch {_version('torch')} · "
+            f"transformers {_version('transformers')}")
+
+
+def record(root: Path, o: Outcome) -> Path:
+    """Save a passing chapter's stdout for the book's 测试与运行结果 section."""
+    path = root / "book" / "runs" / f"{o.chapter.name}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{machine_line()}\n\n{o.stdout}", encoding="utf-8")
+    return path
+
+
+def _progress(i: int, total: int, name: str, live: bool) -> None:
+    line = f"[{i}/{total}] {name} …"
+    if live:
+        sys.stderr.write("\r\033[K" + line)
+        sys.stderr.flush()
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bool = False,
+          timeout: float | None = None) -> int:
+    """The `check` command: run the chosen chapters (all by default); 0 when everything passed."""
+    selected = [find_chapter(root, s) for s in specs] or chapters(root)
+    stale = link_problems(root)
+    live = sys.stderr.isatty() and not verbose
+    outcomes = []
+    for i, ch in enumerate(selected, 1):
+        _progress(i, len(selected), ch.name, live)
+        outcomes.append(check_chapter(root, ch, verbose, timeout))
+    if live:
+        sys.stderr.write("\r\033[K")
+    for o in outcomes:
+        if o.main_failed and not verbose:
+            print(f"---- {o.chapter.name}: 输出的最后 {TAIL_LINES} 行 ----")
+            print("".join(o.output[-TAIL_LINES:]).rstrip())
+        if o.passed and save:
+            print(f"已记录 {record(root, o).relative_to(root)}", file=sys.stderr)
+    if stale:
+        print(f"python/{PACKAGE} 不是所有章节的叠加（运行 python tools/steps.py link 重新生成）：")
+        print("\n".join(f"  {p}" for p in stale))
+    if outcomes:
+        print(outcome_table(outcomes))
+    return 1 if stale or not all(o.passed for o in outcomes) else 0
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="steps.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root (default: %(default)s)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="run each chapter's main.py against its own package")
+    c.add_argument("chapters", nargs="*", help="3, 03 or ch03_models (default: all)")
+    c.add_argument("--record", action="store_true", help="save passing runs to book/runs/")
+    c.add_argument("-v", "--verbose", action="store_true", help="stream main's output")
+    c.add_argument("--timeout", type=float, help="seconds allowed per chapter")
+    for name, text in [("tree", "annotated file tree of a chapter"), ("diff", "what a chapter changed")]:
+        sub.add_parser(name, help=text).add_argument("chapter")
+    b = sub.add_parser("build", help="copy a chapter's package and main.py into DIR")
+    b.add_argument("chapter")
+    b.add_argument("dir", type=Path)
+    sub.add_parser("link", help=f"regenerate python/{PACKAGE} from steps/")
+    args = parser.parse_args(argv)
+    root: Path = args.root
+    try:
+        if args.cmd == "check":
+            return check(root, args.chapters, args.record, args.verbose, args.timeout)
+        if args.cmd == "link":
+            print("\n".join(link(root)) or f"python/{PACKAGE} 已是最新")
+        elif args.cmd in ("tree", "diff"):
+            n = find_chapter(root, args.chapter).n
+            text = render_tree(root, n) if args.cmd == "tree" else render_diff(root, n)
+            sys.stdout.write(text or "（这一章没有改动任何包文件）\n")
+        elif args.cmd == "build":
+            ch = find_chapter(root, args.chapter)
+            build(root, ch.n, args.dir)
+            # The copied main finds models/ relative to itself, so suggest running the original.
+            print(f"第 {ch.n} 章的包在 {args.dir / PACKAGE}（main.py 也复制了一份）。在仓库根目录运行："
+                  f"PYTHONPATH={args.dir} python steps/{ch.name}/main.py")
+    except StepsError as e:
+        print(f"steps.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
