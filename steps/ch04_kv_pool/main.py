@@ -85,7 +85,7 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_tokens: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = torch.tensor([prompt_ids])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                         min_new_tokens=max_tokens, do_sample=False)
+                         eos_token_id=None, do_sample=False)
     return out[0, len(prompt_ids) :].tolist()
 
 

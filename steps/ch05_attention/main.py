@@ -79,7 +79,7 @@ def main() -> int:
             phase = "decode"
         for req, ids in zip(reqs, prompt_ids):
             theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
-                                 max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                 max_new_tokens=MAX_TOKENS, eos_token_id=None,
                                  do_sample=False)[0, len(ids) :].tolist()
             ok = req.output_ids == theirs
             print(f"  请求 {req.uid}: {tokenizer.decode(req.output_ids)!r}  与 HF 单独运行一致: {ok}")

@@ -56,7 +56,7 @@ class HandBatcher:
 def hf_greedy(hf, prompt_ids: list[int]) -> list[int]:
     ids = torch.tensor([prompt_ids], device=hf.device)
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                      min_new_tokens=MAX_TOKENS, do_sample=False)
+                      eos_token_id=None, do_sample=False)
     return out[0, len(prompt_ids) :].tolist()
 
 
