@@ -43,8 +43,10 @@ class Engine:
         # A request can never hold more tokens than the pool, nor more than RoPE was built for.
         self.max_seq_len = min(config.max_seq_len_override or model_config.max_position,
                                self.kv_pool.num_slots)
-        # page_table[slot, i] = KV-pool slot of token i of the request in that row.
-        self.page_table = torch.zeros(config.max_running_req, self.max_seq_len, dtype=torch.int32,
+        # page_table[row, i] = KV-pool slot of token i of the request in that row. Whole pages
+        # are written at once, so the width is rounded up to a multiple of page_size.
+        width = -(-self.max_seq_len // config.page_size) * config.page_size
+        self.page_table = torch.zeros(config.max_running_req, width, dtype=torch.int32,
                                       device=self.device)
         self.attn_backend = create_attention_backend(config.attention_backend, self.kv_pool,
                                                      self.page_table)

@@ -1,0 +1,1 @@
+../../../steps/ch07_continuous_batching/minisgl/scheduler/cache.py
