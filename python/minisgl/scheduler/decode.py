@@ -1,1 +1,1 @@
-../../../steps/ch07_continuous_batching/minisgl/scheduler/decode.py
+../../../steps/ch08_admission/minisgl/scheduler/decode.py

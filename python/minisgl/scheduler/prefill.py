@@ -1,1 +1,1 @@
-../../../steps/ch07_continuous_batching/minisgl/scheduler/prefill.py
+../../../steps/ch08_admission/minisgl/scheduler/prefill.py

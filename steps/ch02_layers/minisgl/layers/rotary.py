@@ -35,6 +35,8 @@ def _llama3(inv_freq: torch.Tensor, factor: float, scaling: dict[str, Any]) -> t
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
     original = scaling["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
+    if high == low:  # no blending band: a hard switch at the original context length
+        return torch.where(wavelen < original / high, inv_freq, inv_freq / factor)
     smooth = ((original / wavelen - low) / (high - low)).clamp(0, 1)
     return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 

@@ -44,6 +44,8 @@ class ModelConfig:
             rope_scaling = None
         else:
             rope_scaling = {"rope_type": rope.get("rope_type", rope.get("type")), **rope}
+        if hf.get("hidden_act", "silu") != "silu":  # the MLPs here are SwiGLU
+            raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
         num_q_heads = hf["num_attention_heads"]
         return cls(
             architecture=(hf.get("architectures") or ["LlamaForCausalLM"])[0],

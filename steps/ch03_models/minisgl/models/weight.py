@@ -47,10 +47,21 @@ def read_checkpoint(path: Path, config: ModelConfig, dtype: torch.dtype,
                     fused_name, index, count = fused
                     pieces.setdefault(fused_name, [None] * count)[index] = tensor
     for fused_name, tensors in pieces.items():
-        parts = next(parts for fused, parts in FUSED if f".{fused}." in fused_name)
-        for part, tensor in zip(parts, tensors):
-            if tensor is None:
-                missing = fused_name.replace(f".{fused_name.split('.')[-2]}.", f".{part}.")
-                raise KeyError(f"checkpoint is missing {missing!r}, a part of {fused_name!r}")
-        state[fused_name] = torch.cat(tensors)  # type: ignore[arg-type]
+        state[fused_name] = _concatenate(fused_name, tensors)
     return state
+
+
+def _concatenate(fused_name: str, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    """The parts of one fused tensor, checked and concatenated in output order."""
+    fused = fused_name.split(".")[-2]
+    parts = next(parts for name, parts in FUSED if name == fused)
+    named = [(fused_name.replace(f".{fused}.", f".{part}."), t) for part, t in zip(parts, tensors)]
+    present = []
+    for part_name, tensor in named:
+        if tensor is None:
+            raise KeyError(f"checkpoint is missing {part_name!r}, a part of {fused_name!r}")
+        if present and tensor.shape[1:] != present[0].shape[1:]:
+            raise ValueError(f"tensor {part_name!r} has shape {tuple(tensor.shape)}; "
+                             f"{named[0][0]!r} has {tuple(present[0].shape)}")
+        present.append(tensor)
+    return torch.cat(present)

@@ -42,7 +42,7 @@ class Engine:
                                  self.device)
         # A request can never hold more tokens than the pool, nor more than RoPE was built for.
         self.max_seq_len = min(config.max_seq_len_override or model_config.max_position,
-                               self.kv_pool.num_slots)
+                               model_config.max_position, self.kv_pool.num_slots)
         # page_table[row, i] = KV-pool slot of token i of the request in that row. Whole pages
         # are written at once, so the width is rounded up to a multiple of page_size.
         width = -(-self.max_seq_len // config.page_size) * config.page_size

@@ -1,0 +1,104 @@
+"""Shared fixtures for the stage-1 tests: checkpoint paths, session-scoped models (ours and
+transformers'), and transformers' greedy generation as the reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = ROOT / "models"
+SMOLLM2 = "SmolLM2-135M-Instruct"
+TINY_QWEN3 = "tiny-qwen3"
+TINY_LLAMA = "tiny-llama"
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_no_grad():
+    """Every test starts from the same RNG state and builds no autograd graph."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    return MODELS_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return MODELS_DIR / SMOLLM2
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path() -> Path:
+    return MODELS_DIR / TINY_QWEN3
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path() -> Path:
+    return MODELS_DIR / TINY_LLAMA
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Callable[[str], torch.nn.Module]:
+    """hf_model(name) -> transformers' float32 model for models/<name>, loaded once a session."""
+    from transformers import AutoModelForCausalLM
+
+    cache: dict[str, torch.nn.Module] = {}
+
+    def get(name: str) -> torch.nn.Module:
+        if name not in cache:
+            model = AutoModelForCausalLM.from_pretrained(MODELS_DIR / name, dtype=torch.float32)
+            cache[name] = model.eval()
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def our_model():
+    """our_model(name) -> minisgl's model for models/<name> (float32, CPU), loaded once."""
+    from minisgl.models import load_model
+
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = load_model(MODELS_DIR / name, dtype=torch.float32, device="cpu")
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():
+    from transformers import AutoTokenizer
+
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = AutoTokenizer.from_pretrained(MODELS_DIR / name)
+        return cache[name]
+
+    return get
+
+
+def _hf_greedy(hf: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                          min_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy() -> Callable[[torch.nn.Module, list[int], int], list[int]]:
+    """hf_greedy(hf, prompt_ids, n) -> the n tokens transformers' greedy generate appends,
+    for this prompt alone (no padding, EOS not allowed to stop it early)."""
+    return _hf_greedy

@@ -1,0 +1,180 @@
+"""attention: the torch backend over the paged pool against dense causal attention computed per
+request from its full K/V, on random ragged batches, several page sizes, shuffled pages, cached
+prefixes, decode and GQA."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from minisgl.attention import ATTENTION_BACKENDS, TorchAttentionBackend, create_attention_backend
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.kvcache import MHAKVPool
+
+NUM_LAYERS, LAYER, KV_HEADS, HEAD_DIM, TABLE_ROWS, MAX_LEN = 2, 1, 2, 16, 8, 48
+
+
+@dataclass
+class Seq:
+    """One request's full Q/K/V and where its tokens live in the pool."""
+
+    row: int  # page-table row
+    q: torch.Tensor  # [length, q_heads, head_dim]
+    k: torch.Tensor  # [length, kv_heads, head_dim]
+    v: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return len(self.k)
+
+
+class Setup:
+    def __init__(self, seed: int, page_size: int, q_per_kv: int, min_len: int = 1) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.page_size = page_size
+        num_reqs = self.randint(1, 5)
+        lengths = [self.randint(min_len, MAX_LEN) for _ in range(num_reqs)]
+        rows = torch.randperm(TABLE_ROWS, generator=self.gen)[:num_reqs].tolist()
+        num_pages = sum(-(-n // page_size) for n in lengths) + 3
+        self.pool = MHAKVPool(NUM_LAYERS, num_pages, page_size, KV_HEADS, HEAD_DIM, torch.float32,
+                              "cpu")
+        self.page_table = torch.zeros(TABLE_ROWS, MAX_LEN, dtype=torch.int32)
+        self.backend = create_attention_backend("torch", self.pool, self.page_table)
+        free_pages = torch.randperm(num_pages, generator=self.gen).tolist()
+        self.seqs = []
+        for row, n in zip(rows, lengths):
+            for pos in range(n):  # a fresh page from the shuffled free list at every page start
+                if pos % page_size == 0:
+                    page = free_pages.pop()
+                self.page_table[row, pos] = page * page_size + pos % page_size
+            self.seqs.append(Seq(row, self.randn(n, KV_HEADS * q_per_kv), self.randn(n, KV_HEADS),
+                                 self.randn(n, KV_HEADS)))
+
+    def randint(self, low: int, high: int) -> int:
+        """Uniform in [low, high]."""
+        return int(torch.randint(low, high + 1, (1,), generator=self.gen))
+
+    def randn(self, n: int, heads: int) -> torch.Tensor:
+        return torch.randn(n, heads, HEAD_DIM, generator=self.gen)
+
+    def forward(self, spans: list[tuple[Seq, int, int]], phase: str = "prefill"):
+        """Forward the tokens [cached_len, end) of each (seq, cached_len, end) as one batch."""
+        reqs = [Req(torch.zeros(end, dtype=torch.int32), table_idx=s.row, cached_len=cached,
+                    output_len=1, uid=i, sampling_params=SamplingParams())
+                for i, (s, cached, end) in enumerate(spans)]
+        batch = Batch(reqs, phase)  # type: ignore[arg-type]
+        batch.out_loc = torch.cat([self.page_table[s.row, c:e] for s, c, e in spans]).long()
+        self.backend.prepare_metadata(batch)
+        q, k, v = (torch.cat([getattr(s, name)[c:e] for s, c, e in spans]) for name in "qkv")
+        return self.backend.forward(q, k, v, LAYER, batch), batch
+
+
+def dense_causal_reference(spans: list[tuple[Seq, int, int]]) -> torch.Tensor:
+    """Per request, in float64: queries [cached, end) over keys [0, end), query at position p
+    seeing keys 0..p; KV head h serves query heads h*group .. (h+1)*group - 1."""
+    outs = []
+    for s, cached, end in spans:
+        group = s.q.shape[1] // s.k.shape[1]
+        q = s.q[cached:end].double().transpose(0, 1)  # [heads, queries, dim]
+        k = s.k[:end].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        v = s.v[:end].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(HEAD_DIM)
+        query_pos = torch.arange(cached, end)[:, None]
+        scores = scores.masked_fill(torch.arange(end)[None, :] > query_pos, float("-inf"))
+        outs.append((scores.softmax(-1) @ v).transpose(0, 1))
+    return torch.cat(outs).float()
+
+
+SEEDS = [0, 1, 2]
+PAGE_SIZES = [1, 4, 16]
+GROUPS = [1, 2, 4]  # query heads per KV head: MHA, and GQA 2x / 4x
+
+
+@pytest.mark.parametrize("q_per_kv", GROUPS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ragged_prefill_matches_dense_causal_attention(seed, page_size, q_per_kv):
+    setup = Setup(seed, page_size, q_per_kv)
+    spans = [(s, 0, s.length) for s in setup.seqs]
+    out, _ = setup.forward(spans)
+    torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_per_kv", GROUPS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prefill_over_cached_prefix_matches_dense_causal_attention(seed, page_size, q_per_kv):
+    setup = Setup(seed, page_size, q_per_kv, min_len=2)
+    # Each request has a cached prefix of random length; some may have none (cached_len 0).
+    cached = [setup.randint(0, s.length - 1) for s in setup.seqs]
+    cached[0] = max(cached[0], 1)
+    setup.forward([(s, 0, c) for s, c in zip(setup.seqs, cached) if c > 0])  # store prefixes
+    spans = [(s, c, s.length) for s, c in zip(setup.seqs, cached)]
+    out, _ = setup.forward(spans)
+    torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("q_per_kv", GROUPS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_matches_dense_causal_attention(seed, page_size, q_per_kv):
+    setup = Setup(seed, page_size, q_per_kv, min_len=2)
+    setup.forward([(s, 0, s.length - 1) for s in setup.seqs])
+    spans = [(s, s.length - 1, s.length) for s in setup.seqs]
+    out, batch = setup.forward(spans, "decode")
+    assert out.shape == (len(spans), KV_HEADS * q_per_kv, HEAD_DIM)
+    torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_several_decode_steps_match_dense_causal_attention(seed):
+    setup = Setup(seed, page_size=4, q_per_kv=2, min_len=4)
+    setup.forward([(s, 0, s.length - 3) for s in setup.seqs])
+    for back in (3, 2, 1):
+        spans = [(s, s.length - back, s.length - back + 1) for s in setup.seqs]
+        out, _ = setup.forward(spans, "decode")
+        torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_last_indices_are_each_requests_last_row(seed):
+    setup = Setup(seed, page_size=4, q_per_kv=2, min_len=2)
+    cached = [setup.randint(0, s.length - 1) for s in setup.seqs]
+    cached[-1] = max(cached[-1], 1)
+    setup.forward([(s, 0, c) for s, c in zip(setup.seqs, cached) if c > 0])
+    _, batch = setup.forward([(s, c, s.length) for s, c in zip(setup.seqs, cached)])
+    extend = [s.length - c for s, c in zip(setup.seqs, cached)]
+    expected = [sum(extend[: i + 1]) - 1 for i in range(len(extend))]
+    assert batch.attn_metadata.last_indices.tolist() == expected
+
+
+def test_decode_last_indices_are_one_per_request():
+    setup = Setup(5, page_size=1, q_per_kv=2, min_len=2)
+    setup.forward([(s, 0, s.length - 1) for s in setup.seqs])
+    _, batch = setup.forward([(s, s.length - 1, s.length) for s in setup.seqs], "decode")
+    assert batch.attn_metadata.last_indices.tolist() == list(range(len(setup.seqs)))
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_forward_stores_new_kv_at_out_loc(page_size):
+    setup = Setup(3, page_size, q_per_kv=2)
+    spans = [(s, 0, s.length) for s in setup.seqs]
+    _, batch = setup.forward(spans)
+    k = torch.cat([s.k for s in setup.seqs])
+    v = torch.cat([s.v for s in setup.seqs])
+    assert torch.equal(setup.pool.k_cache(LAYER)[batch.out_loc], k)
+    assert torch.equal(setup.pool.v_cache(LAYER)[batch.out_loc], v)
+    assert setup.pool.k_cache(0).abs().sum() == 0  # the other layer is untouched
+
+
+def test_torch_backend_is_registered_by_name():
+    assert ATTENTION_BACKENDS.get("torch") is TorchAttentionBackend
+
+
+def test_unknown_backend_name_lists_the_known_ones():
+    pool = MHAKVPool(1, 1, 1, 1, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="'flash'.*torch"):
+        create_attention_backend("flash", pool, torch.zeros(1, 1, dtype=torch.int32))

@@ -1,0 +1,204 @@
+"""engine.Engine: greedy output equals transformers token by token (alone and in a ragged batch),
+request admission, pool and max_seq_len sizing, and seeded sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SMOLLM2, TINY_QWEN3
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.kvcache import MHAKVPool
+from minisgl.models import ModelConfig
+
+MAX_TOKENS = 16
+PROMPTS = ["The capital of France is", "Name three prime numbers and explain why:", "def fibonacci(n):",
+           "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole"]
+
+
+class HandBatcher:
+    """Prepares batches by hand as the chapter-6 main does: pages from a free list, the page
+    table row of each request, input_ids / positions / out_loc, then the attention metadata."""
+
+    def __init__(self, engine: Engine, shuffle_pages: bool = True) -> None:
+        self.engine = engine
+        pages = torch.randperm(engine.num_pages) if shuffle_pages else torch.arange(engine.num_pages)
+        self.free_pages = pages.tolist()
+
+    def out_loc(self, req: Req) -> torch.Tensor:
+        row, size = self.engine.page_table[req.table_idx], self.engine.page_size
+        for pos in range(req.cached_len, req.device_len):
+            row[pos] = self.free_pages.pop() * size if pos % size == 0 else row[pos - 1] + 1
+        return row[req.cached_len: req.device_len]
+
+    def step(self, reqs: list[Req], phase: str):
+        batch = Batch(reqs, phase)  # type: ignore[arg-type]
+        batch.input_ids = torch.cat([r.input_ids[r.cached_len: r.device_len] for r in reqs]).long()
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+        batch.out_loc = torch.cat([self.out_loc(r) for r in reqs]).long()
+        self.engine.attn_backend.prepare_metadata(batch)
+        output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
+        output.copy_done.synchronize()
+        for req, token in zip(reqs, output.next_tokens_host.tolist()):
+            req.append_host(token)
+        return output
+
+    def run(self, reqs: list[Req]) -> None:
+        phase = "prefill"
+        while any(r.can_decode for r in reqs):
+            self.step(reqs, phase)
+            phase = "decode"
+
+
+def new_req(ids: list[int], slot: int, params: SamplingParams | None = None) -> Req:
+    params = params or SamplingParams(max_tokens=MAX_TOKENS)
+    return Req(torch.tensor(ids, dtype=torch.int32), table_idx=slot, cached_len=0,
+               output_len=params.max_tokens, uid=slot, sampling_params=params)
+
+
+def make_engine(path, **overrides) -> Engine:
+    options = dict(max_running_req=len(PROMPTS), page_size=4, num_page_override=128,
+                   max_seq_len_override=256)
+    options.update(overrides)
+    return Engine(EngineConfig(str(path), **options))
+
+
+@pytest.fixture
+def qwen3_engine(tiny_qwen3_path) -> Engine:
+    # Function-scoped: the engine created last owns the process-global Context.
+    return make_engine(tiny_qwen3_path)
+
+
+@pytest.fixture(scope="module")
+def qwen3_prompts(hf_tokenizer) -> list[list[int]]:
+    tokenizer = hf_tokenizer(TINY_QWEN3)
+    return [tokenizer(p).input_ids for p in PROMPTS]
+
+
+# --- alignment with transformers -----------------------------------------------------------------
+
+def test_one_request_gives_hf_greedy_16_tokens(qwen3_engine, qwen3_prompts, hf_model, hf_greedy):
+    req = new_req(qwen3_prompts[0], slot=0)
+    HandBatcher(qwen3_engine).run([req])
+    assert len(req.output_ids) == MAX_TOKENS
+    assert req.output_ids == hf_greedy(hf_model(TINY_QWEN3), qwen3_prompts[0], MAX_TOKENS)
+
+
+def test_four_requests_in_one_batch_each_give_hf_tokens_alone(qwen3_engine, qwen3_prompts,
+                                                              hf_model, hf_greedy):
+    assert len({len(p) for p in qwen3_prompts}) == 4  # really ragged
+    reqs = [new_req(ids, slot) for slot, ids in enumerate(qwen3_prompts)]
+    HandBatcher(qwen3_engine).run(reqs)
+    hf = hf_model(TINY_QWEN3)
+    assert [r.output_ids for r in reqs] == [hf_greedy(hf, ids, MAX_TOKENS)
+                                            for ids in qwen3_prompts]
+
+
+def test_smollm2_one_request_gives_hf_greedy_16_tokens(smollm2_path, hf_model, hf_tokenizer,
+                                                       hf_greedy):
+    engine = make_engine(smollm2_path, max_running_req=1, num_page_override=16,
+                         max_seq_len_override=64)
+    tokenizer = hf_tokenizer(SMOLLM2)
+    prompt = tokenizer(PROMPTS[0]).input_ids
+    req = new_req(prompt, slot=0)
+    HandBatcher(engine).run([req])
+    assert req.output_ids == hf_greedy(hf_model(SMOLLM2), prompt, MAX_TOKENS)
+    assert tokenizer.decode(req.output_ids).startswith(" Paris")
+
+
+def test_forward_batch_output_is_ready_on_the_host(qwen3_engine, qwen3_prompts):
+    reqs = [new_req(ids, slot) for slot, ids in enumerate(qwen3_prompts[:2])]
+    output = HandBatcher(qwen3_engine).step(reqs, "prefill")
+    assert output.copy_done.query()
+    assert output.next_tokens_host.dtype == torch.int32 and output.next_tokens_host.device.type == "cpu"
+    assert output.next_tokens_host.tolist() == output.next_tokens_device.tolist()
+
+
+def test_forward_batch_completes_each_request(qwen3_engine, qwen3_prompts):
+    reqs = [new_req(ids, slot) for slot, ids in enumerate(qwen3_prompts[:2])]
+    HandBatcher(qwen3_engine).step(reqs, "prefill")
+    assert [(r.cached_len, r.device_len, r.extend_len) for r in reqs] == \
+        [(len(p), len(p) + 1, 1) for p in qwen3_prompts[:2]]
+
+
+# --- admission and sizing --------------------------------------------------------------------------
+
+def test_check_request_fits_rejects_naming_prompt_length_and_max_seq_len(tiny_qwen3_path):
+    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
+    with pytest.raises(ValueError) as info:
+        engine.check_request_fits(prompt_len=90, max_tokens=11)
+    message = str(info.value)
+    assert "90" in message and "11" in message and "max_seq_len is 100" in message
+
+
+def test_check_request_fits_accepts_exactly_max_seq_len(tiny_qwen3_path):
+    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
+    assert engine.check_request_fits(prompt_len=90, max_tokens=10) is None
+
+
+def test_max_seq_len_is_the_override_when_the_pool_is_larger(tiny_qwen3_path):
+    engine = make_engine(tiny_qwen3_path, num_page_override=128, page_size=4,
+                         max_seq_len_override=100)
+    assert engine.max_seq_len == 100
+
+
+def test_max_seq_len_is_the_pool_size_when_the_pool_is_smaller(tiny_qwen3_path):
+    engine = make_engine(tiny_qwen3_path, num_page_override=10, page_size=4,
+                         max_seq_len_override=100)
+    assert engine.max_seq_len == 40 == engine.kv_pool.num_slots
+
+
+def test_max_seq_len_defaults_to_max_position(tiny_qwen3_path):
+    engine = make_engine(tiny_qwen3_path, num_page_override=2000, page_size=4,
+                         max_seq_len_override=None)
+    assert engine.max_seq_len == ModelConfig.from_dir(tiny_qwen3_path).max_position == 4096
+
+
+def test_max_seq_len_never_exceeds_max_position_even_with_a_larger_override(tiny_qwen3_path):
+    # RoPE's cos/sin table has max_position rows and positions are not checked in the forward:
+    # a request admitted beyond it fails with an IndexError (on CUDA: reads out of bounds).
+    engine = make_engine(tiny_qwen3_path, max_running_req=1, num_page_override=3000,
+                         page_size=4, max_seq_len_override=8192)
+    assert engine.max_seq_len == 4096
+
+
+def test_kv_pool_is_sized_from_cpu_kv_cache_bytes(tiny_qwen3_path):
+    c = ModelConfig.from_dir(tiny_qwen3_path)
+    page_bytes = MHAKVPool.page_bytes(c.num_layers, 4, c.num_kv_heads, c.head_dim, torch.float32)
+    engine = make_engine(tiny_qwen3_path, page_size=4, num_page_override=None,
+                         cpu_kv_cache_bytes=37 * page_bytes + page_bytes // 2)
+    assert engine.num_pages == engine.kv_pool.num_pages == 37
+    assert engine.kv_pool.num_slots == 37 * 4
+
+
+def test_kv_budget_below_one_page_raises(tiny_qwen3_path):
+    with pytest.raises(ValueError, match="budget"):
+        make_engine(tiny_qwen3_path, num_page_override=None, cpu_kv_cache_bytes=100)
+
+
+@pytest.mark.parametrize("field", ["max_running_req", "page_size"])
+def test_engine_config_rejects_values_below_one(field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig("unused", **{field: 0})
+
+
+# --- seeded sampling -----------------------------------------------------------------------------
+
+def sample_run(path, prompts: list[list[int]], seed: int) -> list[list[int]]:
+    engine = make_engine(path, seed=seed)
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS)
+    reqs = [new_req(ids, slot, params) for slot, ids in enumerate(prompts)]
+    HandBatcher(engine, shuffle_pages=False).run(reqs)
+    return [r.output_ids for r in reqs]
+
+
+def test_seeded_sampling_is_reproducible_across_engines(tiny_qwen3_path, qwen3_prompts):
+    first = sample_run(tiny_qwen3_path, qwen3_prompts[:2], seed=1234)
+    second = sample_run(tiny_qwen3_path, qwen3_prompts[:2], seed=1234)
+    assert first == second and all(len(out) == MAX_TOKENS for out in first)
+
+
+def test_different_seeds_sample_differently(tiny_qwen3_path, qwen3_prompts):
+    assert (sample_run(tiny_qwen3_path, qwen3_prompts[:1], seed=1)
+            != sample_run(tiny_qwen3_path, qwen3_prompts[:1], seed=2))
