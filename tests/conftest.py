@@ -93,7 +93,7 @@ def _hf_greedy(hf: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int) 
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                          min_new_tokens=max_new_tokens, do_sample=False)
+                          eos_token_id=None, do_sample=False)
     return out[0, len(prompt_ids):].tolist()
 
 
