@@ -1,1 +1,1 @@
-../../../steps/ch04_kv_pool/minisgl/kvcache/__init__.py
+../../../steps/ch09_radix_cache/minisgl/kvcache/__init__.py

@@ -1,1 +1,1 @@
-../../../steps/ch08_admission/minisgl/scheduler/cache.py
+../../../steps/ch09_radix_cache/minisgl/scheduler/cache.py

@@ -1,1 +1,1 @@
-../../../steps/ch07_continuous_batching/minisgl/scheduler/config.py
+../../../steps/ch09_radix_cache/minisgl/scheduler/config.py

@@ -1,1 +1,1 @@
-../../../steps/ch08_admission/minisgl/scheduler/scheduler.py
+../../../steps/ch09_radix_cache/minisgl/scheduler/scheduler.py

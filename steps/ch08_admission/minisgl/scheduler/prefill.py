@@ -21,8 +21,8 @@ class PendingReq:
     sampling_params: SamplingParams
 
     @property
-    def total_pages(self) -> int:
-        """Pages it needs over its whole life: K/V for the prompt and all but the last token."""
+    def total_tokens(self) -> int:
+        """Tokens that get K/V over its whole life: the prompt and all but the last output."""
         return len(self.input_ids) + self.sampling_params.max_tokens - 1
 
 
@@ -38,7 +38,7 @@ class PrefillAdder:
     page_size: int
 
     def try_add(self, pending: PendingReq) -> Req | None:
-        need = pages_for(pending.total_pages, self.page_size)
+        need = pages_for(pending.total_tokens, self.page_size)
         if self.table.available == 0 or self.reserved_pages + need > self.free_pages:
             return None
         self.reserved_pages += need

@@ -1,0 +1,1 @@
+../../../steps/ch09_radix_cache/minisgl/kvcache/radix_cache.py
