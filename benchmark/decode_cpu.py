@@ -1,7 +1,8 @@
 """单个请求的 decode 速度：我们的 Engine 对比 transformers 自己的 greedy generate，同一次运行里测。
 
 decode 速度 = (N - 1) / (生成 N 个 token 的时间 - 生成 1 个 token 的时间)，两边都这样算，
-prefill 的时间因此被减掉。每个数取 3 次里最快的一次。--threads 再按不同线程数测我们的 decode。
+prefill 的时间因此被减掉。两边轮流测 --rounds 轮，取中位数。--threads 再按不同线程数测我们的
+decode。
 
     python benchmark/decode_cpu.py --tokens 64 --threads 1,2
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,20 +54,23 @@ def theirs(hf, prompt_ids: list[int], n: int) -> list[int]:
     return out[0, len(prompt_ids) :].tolist()
 
 
-def decode_rate(generate, n: int, repeats: int = 3) -> tuple[float, list[int]]:
-    """Tokens per second of decode alone, and the n tokens generated."""
+def decode_seconds(generate, n: int) -> float:
+    """Seconds that generating n tokens takes beyond generating 1: the n - 1 decode steps."""
+    start = time.perf_counter()
+    generate(1)
+    middle = time.perf_counter()
+    generate(n)
+    return (time.perf_counter() - middle) - (middle - start)
 
-    def best(k: int) -> tuple[float, list[int]]:
-        times, tokens = [], []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tokens = generate(k)
-            times.append(time.perf_counter() - start)
-        return min(times), tokens
 
-    t1, _ = best(1)
-    tn, tokens = best(n)
-    return (n - 1) / (tn - t1), tokens
+def decode_rates(generators: list, n: int, rounds: int) -> list[float]:
+    """Decode tokens/s of each generator: the median over `rounds`, taking turns within each
+    round so that drift in the machine's speed hits all of them alike."""
+    seconds: list[list[float]] = [[] for _ in generators]
+    for _ in range(rounds):
+        for times, generate in zip(seconds, generators):
+            times.append(decode_seconds(generate, n))
+    return [(n - 1) / statistics.median(times) for times in seconds]
 
 
 def main() -> int:
@@ -73,6 +78,7 @@ def main() -> int:
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct"))
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", default="", help="comma-separated thread counts to sweep")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; the median counts")
     args = parser.parse_args()
 
     torch_default_threads = torch.get_num_threads()
@@ -88,8 +94,11 @@ def main() -> int:
           f"生成 {args.tokens} 个（greedy）")
 
     with torch.no_grad():
-        ours_rate, our_tokens = decode_rate(lambda k: ours(engine, prompt_ids, k), args.tokens)
-        hf_rate, hf_tokens = decode_rate(lambda k: theirs(hf, prompt_ids, k), args.tokens)
+        our_tokens = ours(engine, prompt_ids, args.tokens)
+        hf_tokens = theirs(hf, prompt_ids, args.tokens)
+        ours_rate, hf_rate = decode_rates([lambda k: ours(engine, prompt_ids, k),
+                                           lambda k: theirs(hf, prompt_ids, k)],
+                                          args.tokens, args.rounds)
     print(f"  我们的 Engine            decode {ours_rate:7.1f} token/s")
     print(f"  transformers generate   decode {hf_rate:7.1f} token/s")
     print(f"  比值（我们 / transformers）     {ours_rate / hf_rate:7.2f}x，"
@@ -98,7 +107,8 @@ def main() -> int:
     for threads in [int(t) for t in args.threads.split(",") if t]:
         torch.set_num_threads(threads)
         with torch.no_grad():
-            rate, _ = decode_rate(lambda k: ours(engine, prompt_ids, k), args.tokens)
+            (rate,) = decode_rates([lambda k: ours(engine, prompt_ids, k)], args.tokens,
+                                   args.rounds)
         print(f"  {threads:3d} 个线程：我们的 decode {rate:7.1f} token/s")
     return 0 if our_tokens == hf_tokens else 1
 

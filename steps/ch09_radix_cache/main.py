@@ -67,7 +67,7 @@ def main() -> int:
         results[cache_type] = run(scheduler, shared, one_by_one=1)
         cache = scheduler.cache
         print(f"  {cache_type:5s}: prefill 实际计算 {scheduler.prefill_computed_tokens:3d} 个 "
-              f"token，命中缓存 {scheduler.prefill_cached_tokens:3d} 个；结束后 空闲 "
+              f"token，命中缓存 {cache.hit_tokens:3d} 个；结束后 空闲 "
               f"{len(cache.free_pages)} 页 + 树中可淘汰 "
               f"{cache.prefix_cache.evictable_size // 4} 页 = {cache.available_pages} 页")
         failed |= cache.available_pages != 256

@@ -1,1 +1,1 @@
-../../../steps/ch09_radix_cache/minisgl/scheduler/cache.py
+../../../steps/ch10_chunked_prefill/minisgl/scheduler/cache.py

@@ -25,7 +25,7 @@ class CacheManager:
         self.free_pages = list(range(num_pages))
         self.prefix_cache = create_prefix_cache(cache_type, page_size)
         self.handles: dict[Req, CacheHandle] = {}
-        self.evicted_pages = 0
+        self.hit_tokens = self.evicted_pages = 0  # statistics
 
     @property
     def available_pages(self) -> int:
@@ -45,6 +45,7 @@ class CacheManager:
     def attach(self, req: Req, handle: CacheHandle) -> None:
         """`req` starts from the matched prefix, which `handle` (already locked) keeps alive."""
         self.handles[req] = handle
+        self.hit_tokens += handle.cached_len
         self.page_table[req.table_idx, : handle.cached_len] = handle.slots
 
     def allocate(self, reqs: list[Req]) -> None:

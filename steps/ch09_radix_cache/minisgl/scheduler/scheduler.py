@@ -35,8 +35,7 @@ class Scheduler:
         self.decode = DecodeManager(self.engine.page_size)
         self.prefill = PrefillManager(self.table, self.cache, self.decode)
         self.eos_token_ids = read_eos_token_ids(config.model_path)
-        # Prompt tokens the prefills computed, and those they found in the prefix cache.
-        self.prefill_computed_tokens = self.prefill_cached_tokens = 0
+        self.prefill_computed_tokens = 0  # prompt tokens actually computed (statistics)
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
                     sampling_params: SamplingParams) -> None:
@@ -66,7 +65,6 @@ class Scheduler:
         device, reqs = self.engine.device, batch.reqs
         if batch.is_prefill:
             self.prefill_computed_tokens += sum(r.extend_len for r in reqs)
-            self.prefill_cached_tokens += sum(r.cached_len for r in reqs)
         batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]
                                     ).to(device, torch.long)
         batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]
