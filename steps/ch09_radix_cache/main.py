@@ -1,8 +1,9 @@
 """第 9 章：Radix Cache。请求算完的 token 连同它们的 KV 位置插进一棵基数树，后来的请求只要
 前缀相同，就直接复用这些页，不再计算。
 
-一、共享前缀：5 个请求共用一段很长的系统提示词。第 1 个请求先跑，之后的 4 个到达时前缀已在
-    树里。分别用 radix 和 naive（什么都不缓存）各跑一遍，比较 prefill 实际算了多少 token。
+一、共享前缀：5 个请求同时到达，共用一段很长的系统提示词。radix 下调度器先只放行第 1 个，
+    其余 4 个等一步，等它的前缀进了树再直接复用。分别用 radix 和 naive（什么都不缓存）各跑
+    一遍，比较 prefill 实际算了多少 token。
 二、内存紧张时淘汰：KV 池只有 20 页，8 个请求依次到达，没被锁住的前缀按最久未用先淘汰。
 两种情况下每个请求的输出都要与 transformers 单独运行一致，结束后每一页都有着落。
 """
@@ -18,7 +19,8 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SYSTEM = ("You are a careful assistant. Answer in one short sentence, use plain words, and "
-          "never invent facts you are unsure about. Question: ")
+          "never invent facts you are unsure about. If a question has no clear answer, say so "
+          "and explain what is missing. Question: ")
 QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?",
              "What colour is the sky?", "Who wrote Hamlet?", "What is two plus two?"]
 OTHERS = ["The quick brown fox jumps over", "Once upon a time in a land far away",
@@ -64,7 +66,7 @@ def main() -> int:
         scheduler = Scheduler(SchedulerConfig(str(path), max_running_req=8, page_size=4,
                                               num_page_override=256, max_seq_len_override=256,
                                               cache_type=cache_type))
-        results[cache_type] = run(scheduler, shared, one_by_one=1)
+        results[cache_type] = run(scheduler, shared, one_by_one=0)
         cache = scheduler.cache
         print(f"  {cache_type:5s}: prefill 实际计算 {scheduler.prefill_computed_tokens:3d} 个 "
               f"token，命中缓存 {cache.hit_tokens:3d} 个；结束后 空闲 "

@@ -1,1 +1,1 @@
-../../../steps/ch10_chunked_prefill/minisgl/scheduler/config.py
+../../../steps/ch11_overlap/minisgl/scheduler/config.py

@@ -1,1 +1,1 @@
-../../../steps/ch08_admission/minisgl/scheduler/decode.py
+../../../steps/ch11_overlap/minisgl/scheduler/decode.py

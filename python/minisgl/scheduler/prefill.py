@@ -1,1 +1,1 @@
-../../../steps/ch10_chunked_prefill/minisgl/scheduler/prefill.py
+../../../steps/ch11_overlap/minisgl/scheduler/prefill.py

@@ -1,1 +1,1 @@
-../../../steps/ch10_chunked_prefill/minisgl/scheduler/scheduler.py
+../../../steps/ch11_overlap/minisgl/scheduler/scheduler.py

@@ -1,1 +1,1 @@
-../../../steps/ch07_continuous_batching/minisgl/scheduler/table.py
+../../../steps/ch11_overlap/minisgl/scheduler/table.py

@@ -46,8 +46,9 @@ class Context:
 _GLOBAL_CTX: Context | None = None
 
 
-def set_global_ctx(ctx: Context) -> None:
-    """Install `ctx` as this process's context; the engine created last owns it."""
+def set_global_ctx(ctx: Context | None) -> None:
+    """Install `ctx` as this process's context (the engine created last owns it); None clears
+    it, so that a shut-down engine's memory can be freed."""
     global _GLOBAL_CTX
     _GLOBAL_CTX = ctx
 

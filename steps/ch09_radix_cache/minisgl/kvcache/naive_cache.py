@@ -9,6 +9,8 @@ class NaivePrefixCache(BasePrefixCache):
     """Caches nothing: every request computes its whole prompt, and finished requests give all
     their pages back at once. The baseline the radix cache is measured against."""
 
+    shares_prefixes = False
+
     def __init__(self, page_size: int) -> None:
         super().__init__(page_size)
         self._empty = CacheHandle(0, torch.empty(0, dtype=torch.int32))

@@ -24,6 +24,8 @@ class BasePrefixCache(ABC):
     Sizes are in tokens: `evictable_size` unlocked, `protected_size` locked by someone.
     """
 
+    shares_prefixes = True  # False for a cache that never hits: scheduling need not wait for it
+
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
 

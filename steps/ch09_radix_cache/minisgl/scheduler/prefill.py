@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,6 +10,15 @@ from minisgl.core import Batch, Req, SamplingParams
 from .cache import CacheManager, pages_for
 from .decode import DecodeManager
 from .table import TableManager
+
+# A request sharing at least this many uncached prompt tokens with one admitted into the same
+# batch waits a step: once that batch has run, the shared part is in the prefix cache.
+DEFER_SHARED_TOKENS = 32
+
+
+def shared_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    n = min(len(a), len(b))
+    return int((a[:n] == b[:n]).cumprod(0).sum())
 
 
 @dataclass
@@ -35,11 +44,16 @@ class PrefillAdder:
     table: TableManager
     cache: CacheManager
     reserved_pages: int
+    admitted: list[Req] = field(default_factory=list)
 
     def try_add(self, pending: PendingReq) -> Req | None:
         if self.table.available == 0:
             return None
         handle = self.cache.match(pending.input_ids)
+        if self.cache.prefix_cache.shares_prefixes and any(
+                shared_prefix_len(pending.input_ids, r.input_ids) - handle.cached_len
+                >= DEFER_SHARED_TOKENS for r in self.admitted):
+            return None
         need = (pages_for(pending.total_tokens, self.cache.page_size)
                 - handle.cached_len // self.cache.page_size)
         if self.reserved_pages + need > self.cache.available_pages:
@@ -53,6 +67,7 @@ class PrefillAdder:
                   cached_len=handle.cached_len, output_len=pending.sampling_params.max_tokens,
                   uid=pending.uid, sampling_params=pending.sampling_params)
         self.cache.attach(req, handle)
+        self.admitted.append(req)
         return req
 
 

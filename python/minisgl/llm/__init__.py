@@ -1,0 +1,1 @@
+../../../steps/ch11_overlap/minisgl/llm/__init__.py

@@ -1,0 +1,5 @@
+"""The offline interface: LLM.generate over the scheduler, in this process."""
+
+from .llm import LLM
+
+__all__ = ["LLM"]
