@@ -114,14 +114,17 @@ class Scheduler:
         output = self.engine.forward_batch(batch, args)  # also advances each req's lengths
         # Each sampled token is the next input of its request: leave it in the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
-        rows = [batch.reqs[i].table_idx for i in sampled]
-        cols = [batch.reqs[i].device_len - 1 for i in sampled]
-        with use_stream(self.engine.stream):
-            device = self.engine.device
-            self.table.token_pool[torch.tensor(rows, device=device),
-                                  torch.tensor(cols, device=device)] = \
-                output.next_tokens_device[torch.tensor(sampled, device=device)]
+        if sampled:
+            rows = [batch.reqs[i].table_idx for i in sampled]
+            cols = [batch.reqs[i].device_len - 1 for i in sampled]
+            with use_stream(self.engine.stream):
+                index = torch.tensor([rows, cols, sampled], device=self.engine.device)
+                self.table.token_pool[index[0], index[1]] = output.next_tokens_device[index[2]]
         for req in batch.reqs:  # lengths are known now, the tokens later
+            if isinstance(req, ChunkedReq):
+                continue
+            if batch.is_prefill:  # its prompt is on the host: share it before the next step
+                self.cache.cache_req(req, finished=False)
             if req.can_decode and req not in self.finished:
                 self.decode.add(req)
         return InFlight(batch, output)
@@ -150,8 +153,6 @@ class Scheduler:
                     self.finished.add(req)
                 else:
                     self._free(req)
-            elif done.batch.is_prefill:
-                self.cache.cache_req(req, finished=False)  # later requests may share its prompt
         return results
 
     def _free(self, req: Req) -> None:
