@@ -14,9 +14,9 @@ from .base import BaseAttentionBackend
 @dataclass
 class TorchAttnMetadata:
     last_indices: torch.Tensor  # [batch_size]: each request's last row in the flat token dim
-    query_rows: torch.Tensor  # [batch_size, max_extend]: flat row of each request's i-th query
-    query_valid: torch.Tensor  # [batch_size, max_extend]: False where a row is only padding
-    key_slots: torch.Tensor  # [batch_size, max_seq]: pool slot of each request's j-th key
+    query_rows: torch.Tensor  # [batch_size * max_extend]: flat row of request b's i-th query
+    output_rows: torch.Tensor  # [num_tokens]: where each real token sits in that padded grid
+    key_slots: torch.Tensor  # [batch_size * max_seq]: pool slot of request b's j-th key
     mask: torch.Tensor  # [batch_size, 1, max_extend, max_seq]: query i may attend key j
 
 
@@ -39,18 +39,19 @@ class TorchAttentionBackend(BaseAttentionBackend):
         cached = torch.tensor([r.cached_len for r in batch.reqs])
         seq = cached + extend
         starts = extend.cumsum(0) - extend
-        i = torch.arange(int(extend.max()))[None, :]  # query index within its request
-        j = torch.arange(int(seq.max()))[None, :]  # key index within its request
+        max_extend, max_seq = int(extend.max()), int(seq.max())
+        i = torch.arange(max_extend)[None, :]  # query index within its request
+        j = torch.arange(max_seq)[None, :]  # key index within its request
         query_valid = i < extend[:, None]
         query_rows = torch.where(query_valid, starts[:, None] + i, 0)
         rows = torch.tensor([r.table_idx for r in batch.reqs], device=device)
-        key_slots = self.page_table[rows, : int(seq.max())].long()
+        key_slots = self.page_table[rows, :max_seq].long()
         visible = (j[:, None, :] <= (cached[:, None] + i)[:, :, None]) & (j < seq[:, None])[:, None]
         batch.attn_metadata = TorchAttnMetadata(
             last_indices=(starts + extend - 1).to(device),
-            query_rows=query_rows.to(device),
-            query_valid=query_valid.to(device),
-            key_slots=key_slots,
+            query_rows=query_rows.flatten().to(device),
+            output_rows=query_valid.flatten().nonzero().squeeze(1).to(device),
+            key_slots=key_slots.flatten(),
             mask=visible[:, None].to(device),
         )
 
@@ -58,10 +59,14 @@ class TorchAttentionBackend(BaseAttentionBackend):
                 batch: Batch) -> torch.Tensor:
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
         self.pool.store_kv(k, v, batch.out_loc, layer_id)
-        # [batch, heads, rows, head_dim] for SDPA; GQA repeats KV heads inside the call.
-        queries = q[meta.query_rows].transpose(1, 2)
-        keys = self.pool.k_cache(layer_id)[meta.key_slots].transpose(1, 2)
-        values = self.pool.v_cache(layer_id)[meta.key_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask,
-                                             enable_gqa=True)
-        return out.transpose(1, 2)[meta.query_valid]
+        size, _, max_extend, max_seq = meta.mask.shape
+        # Gather into [batch, heads, rows, head_dim] for SDPA; GQA repeats KV heads inside it.
+        queries = q.index_select(0, meta.query_rows).view(size, max_extend, *q.shape[1:])
+        keys = self.pool.k_cache(layer_id).index_select(0, meta.key_slots)
+        values = self.pool.v_cache(layer_id).index_select(0, meta.key_slots)
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys.view(size, max_seq, *k.shape[1:]).transpose(1, 2),
+            values.view(size, max_seq, *v.shape[1:]).transpose(1, 2), attn_mask=meta.mask,
+            enable_gqa=True)
+        return out.transpose(1, 2).reshape(size * max_extend, *q.shape[1:]).index_select(
+            0, meta.output_rows)
