@@ -5,7 +5,8 @@ ignore_eos。吞吐 = 请求要的输出 token 总数 / 墙钟时间。transform
 提示词左侧填充到一样长，所有行都生成到最长的那个输出长度，多生成的不计入吞吐。另外测我们关掉
 重叠调度、关掉 radix cache 的两个变体。同一次运行里依次测，每项一次。
 
-    python benchmark/offline.py
+    python benchmark/offline.py                # CPU
+    python benchmark/offline.py --device cuda  # GPU：两边都在 GPU 上
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -47,15 +48,16 @@ def run_ours(model: str, prompts: list[list[int]], output_lens: list[int], **opt
 
 
 def run_transformers(model: str, prompts: list[list[int]], output_lens: list[int],
-                     pad_id: int) -> float:
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+                     pad_id: int, device: str) -> float:
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
     width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     start = time.perf_counter()
     with torch.no_grad():
-        hf.generate(ids, attention_mask=mask, max_new_tokens=max(output_lens),
-                    eos_token_id=None, pad_token_id=pad_id, do_sample=False)
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=max(output_lens),
+                          eos_token_id=None, pad_token_id=pad_id, do_sample=False)
+        out.cpu()  # wait for the device
     elapsed = time.perf_counter() - start
     del hf
     gc.collect()
@@ -67,21 +69,25 @@ def main() -> int:
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct"))
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda, for both engines")
     args = parser.parse_args()
 
-    vocab = AutoModelForCausalLM.from_pretrained(args.model).config.vocab_size
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
     prompts, output_lens = workload(args.num_requests, args.seed, vocab)
     total_out = sum(output_lens)
     print(f"{args.num_requests} 个请求，提示词 {sum(map(len, prompts))} 个 token"
           f"（{min(map(len, prompts))}–{max(map(len, prompts))}），要求输出 {total_out} 个 token"
-          f"（{min(output_lens)}–{max(output_lens)}），模型 {Path(args.model).name}，float32，CPU")
-    options = dict(num_page_override=16384, max_seq_len_override=512, page_size=1)
+          f"（{min(output_lens)}–{max(output_lens)}），模型 {Path(args.model).name}，float32，"
+          f"{args.device}")
+    options = dict(num_page_override=16384, max_seq_len_override=512, page_size=1,
+                   device=args.device)
     rows = [
         ("我们：LLM.generate", run_ours(args.model, prompts, output_lens, **options)),
         ("我们：关掉重叠调度", run_ours(args.model, prompts, output_lens, overlap=False, **options)),
         ("我们：关掉 radix cache", run_ours(args.model, prompts, output_lens, cache_type="naive",
                                        **options)),
-        ("transformers 批量 generate", run_transformers(args.model, prompts, output_lens, 2)),
+        ("transformers 批量 generate", run_transformers(args.model, prompts, output_lens, 2,
+                                                       args.device)),
     ]
     baseline = rows[-1][1]
     print(f"  {'':28s} {'用时':>8s} {'输出 token/s':>14s} {'相对 transformers':>18s}")
