@@ -166,7 +166,7 @@ def test_max_seq_len_never_exceeds_max_position_even_with_a_larger_override(tiny
 def test_kv_pool_is_sized_from_cpu_kv_cache_bytes(tiny_qwen3_path):
     c = ModelConfig.from_dir(tiny_qwen3_path)
     page_bytes = MHAKVPool.page_bytes(c.num_layers, 4, c.num_kv_heads, c.head_dim, torch.float32)
-    engine = make_engine(tiny_qwen3_path, page_size=4, num_page_override=None,
+    engine = make_engine(tiny_qwen3_path, page_size=4, num_page_override=None, device="cpu",
                          cpu_kv_cache_bytes=37 * page_bytes + page_bytes // 2)
     assert engine.num_pages == engine.kv_pool.num_pages == 37
     assert engine.kv_pool.num_slots == 37 * 4
@@ -174,7 +174,8 @@ def test_kv_pool_is_sized_from_cpu_kv_cache_bytes(tiny_qwen3_path):
 
 def test_kv_budget_below_one_page_raises(tiny_qwen3_path):
     with pytest.raises(ValueError, match="budget"):
-        make_engine(tiny_qwen3_path, num_page_override=None, cpu_kv_cache_bytes=100)
+        make_engine(tiny_qwen3_path, num_page_override=None, device="cpu",
+                    cpu_kv_cache_bytes=100)
 
 
 @pytest.mark.parametrize("field", ["max_running_req", "page_size"])
