@@ -6,7 +6,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
-from minisgl.utils import create_stream, use_stream
+from minisgl.utils import create_stream, pin, use_stream
 
 from .cache import CacheManager
 from .config import SchedulerConfig, read_eos_token_ids
@@ -117,8 +117,11 @@ class Scheduler:
         if sampled:
             rows = [batch.reqs[i].table_idx for i in sampled]
             cols = [batch.reqs[i].device_len - 1 for i in sampled]
+            # Pinned and non-blocking: a plain host-to-device copy would make the host wait
+            # for the forward it has just launched, and nothing would overlap.
+            index = pin(torch.tensor([rows, cols, sampled]), self.engine.device)
             with use_stream(self.engine.stream):
-                index = torch.tensor([rows, cols, sampled], device=self.engine.device)
+                index = index.to(self.engine.device, non_blocking=True)
                 self.table.token_pool[index[0], index[1]] = output.next_tokens_device[index[2]]
         for req in batch.reqs:  # lengths are known now, the tokens later
             if isinstance(req, ChunkedReq):
