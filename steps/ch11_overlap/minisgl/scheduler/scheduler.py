@@ -130,6 +130,8 @@ class Scheduler:
                 self.cache.cache_req(req, finished=False)
             if req.can_decode and req not in self.finished:
                 self.decode.add(req)
+            else:  # it reached max_tokens in this batch: no further step may include it
+                self.decode.remove(req)
         return InFlight(batch, output)
 
     def _process(self, done: InFlight, in_flight: InFlight | None) -> list[TokenOutput]:
