@@ -264,9 +264,9 @@ def count_launches(s: Scheduler, monkeypatch) -> list[list[tuple[int, int, int]]
     log: list[list[tuple[int, int, int]]] = []
     real_launch = s._launch
 
-    def launch(batch):
+    def launch(batch, *args):
         log.append([(r.uid, r.cached_len, r.device_len) for r in batch.reqs])
-        return real_launch(batch)
+        return real_launch(batch, *args)
 
     monkeypatch.setattr(s, "_launch", launch)
     return log

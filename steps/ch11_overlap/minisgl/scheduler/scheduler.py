@@ -6,7 +6,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
-from minisgl.utils import create_stream, pin, use_stream
+from minisgl.utils import Event, create_event, create_stream, pin, use_stream
 
 from .cache import CacheManager
 from .config import SchedulerConfig, read_eos_token_ids
@@ -28,6 +28,11 @@ class InFlight(NamedTuple):
 
     batch: Batch
     output: ForwardOutput
+    done: Event  # fires once the batch's work on the device, token-pool write included, is over
+    # What the engine's stream still reads after launch: tensors made on the scheduler's stream
+    # and a pinned host buffer being copied. Holding them until `done` keeps the allocators
+    # from handing their memory to the next step while the device still needs it.
+    inputs: tuple[object, ...]
 
 
 class Scheduler:
@@ -74,15 +79,15 @@ class Scheduler:
     def step(self) -> list[TokenOutput]:
         """Launch the next batch, then report the tokens of the batch before it (with overlap)
         or of this one (without)."""
+        # The host's device work (page table, metadata, bookkeeping) goes to the scheduler's
+        # stream; the forward runs on the engine's stream, ordered after it.
         with use_stream(self.stream):
             batch = self._schedule()
-            if batch is not None:
-                self._prepare(batch)
-        launched = self._launch(batch) if batch is not None else None
-        if not self.overlap:
-            return self._process(launched, None) if launched else []
-        done, self.in_flight = self.in_flight, launched
-        return self._process(done, launched) if done else []
+            launched = self._launch(batch, self._prepare(batch)) if batch is not None else None
+            if not self.overlap:
+                return self._process(launched, None) if launched else []
+            done, self.in_flight = self.in_flight, launched
+            return self._process(done, launched) if done else []
 
     def _schedule(self) -> Batch | None:
         # Prefill first, except right after a chunk of a long prompt: then running requests
@@ -95,8 +100,9 @@ class Scheduler:
             self.last_batch_chunked = any(isinstance(r, ChunkedReq) for r in batch.reqs)
         return batch
 
-    def _prepare(self, batch: Batch) -> None:
-        """Slots for the new tokens, positions, KV write locations and attention metadata."""
+    def _prepare(self, batch: Batch) -> torch.Tensor:
+        """Slots for the new tokens, positions, KV write locations and attention metadata.
+        Returns each token's page-table row, for reading its input id at launch."""
         self.cache.allocate(batch.reqs)
         device, reqs = self.engine.device, batch.reqs
         if batch.is_prefill:
@@ -105,24 +111,29 @@ class Scheduler:
         batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]
                                     ).to(device)
         batch.out_loc = self.engine.page_table[rows, batch.positions].long()
-        batch.input_ids = self.table.token_pool[rows, batch.positions].long()
         self.engine.attn_backend.prepare_metadata(batch)
+        return rows
 
-    def _launch(self, batch: Batch) -> InFlight:
-        self.engine.stream.wait_stream(self.stream)
+    def _launch(self, batch: Batch, rows: torch.Tensor) -> InFlight:
         args = self.engine.sampler.prepare(batch)
+        self.engine.stream.wait_stream(self.stream)
+        with use_stream(self.engine.stream):
+            # Read on the engine's stream: the previous batch wrote its sampled tokens there.
+            batch.input_ids = self.table.token_pool[rows, batch.positions].long()
         output = self.engine.forward_batch(batch, args)  # also advances each req's lengths
         # Each sampled token is the next input of its request: leave it in the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
+        # Pinned and non-blocking: a plain host-to-device copy would make the host wait for
+        # the forward it has just launched, and nothing would overlap.
+        index_host = pin(torch.tensor([[batch.reqs[i].table_idx for i in sampled],
+                                       [batch.reqs[i].device_len - 1 for i in sampled],
+                                       sampled], dtype=torch.long), self.engine.device)
         if sampled:
-            rows = [batch.reqs[i].table_idx for i in sampled]
-            cols = [batch.reqs[i].device_len - 1 for i in sampled]
-            # Pinned and non-blocking: a plain host-to-device copy would make the host wait
-            # for the forward it has just launched, and nothing would overlap.
-            index = pin(torch.tensor([rows, cols, sampled]), self.engine.device)
             with use_stream(self.engine.stream):
-                index = index.to(self.engine.device, non_blocking=True)
+                index = index_host.to(self.engine.device, non_blocking=True)
                 self.table.token_pool[index[0], index[1]] = output.next_tokens_device[index[2]]
+        done = create_event(self.engine.device)
+        done.record(self.engine.stream)
         for req in batch.reqs:  # lengths are known now, the tokens later
             if isinstance(req, ChunkedReq):
                 continue
@@ -132,12 +143,14 @@ class Scheduler:
                 self.decode.add(req)
             else:  # it reached max_tokens in this batch: no further step may include it
                 self.decode.remove(req)
-        return InFlight(batch, output)
+        return InFlight(batch, output, done, inputs=(rows, args, index_host))
 
     def _process(self, done: InFlight, in_flight: InFlight | None) -> list[TokenOutput]:
         """Read a finished batch's tokens on the host: append them, detect the end of each
         request, and release what finished requests hold once no batch uses it any more."""
-        done.output.copy_done.synchronize()
+        # After this, no device work of the batch is pending: a row or page it used may be
+        # handed to another request.
+        done.done.synchronize()
         still_used = set(in_flight.batch.reqs) if in_flight else set()
         results = []
         for req, token in zip(done.batch.reqs, done.output.next_tokens_host.tolist()):
