@@ -31,7 +31,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+TOOLS = Path(__file__).resolve().parent
+REPO_ROOT = TOOLS.parent
 CHAPTER_DIR = re.compile(r"ch(\d{2})_\w+")
 PACKAGE = "minisgl"
 TAIL_LINES = 40
@@ -282,78 +283,10 @@ def link(root: Path) -> list[str]:
 
 # --------------------------------------------------------------------------- running a chapter
 
-# Imported first in every Python process of a check (the runner, and through sitecustomize every
-# child: multiprocessing spawn, `python -m minisgl`). A violation raises ImportError and is also
-# logged to a file, so a main that swallows the error, or a child whose exit code is lost, still
-# fails the chapter.
-GUARD = r'''
-import atexit, os, sys
-
-TREE = os.path.realpath(os.environ["MINISGL_STEP_TREE"])
-LOG = os.environ.get("MINISGL_STEP_LOG")
-
-def _ours(name):
-    return name == "minisgl" or name.startswith("minisgl.")
-
-def _inside(path):
-    return os.path.realpath(path).startswith(TREE + os.sep)
-
-def _violation(name, where):
-    if LOG:
-        with open(LOG, "a", encoding="utf-8") as f:
-            in_main = os.environ.get("MINISGL_STEP_MAIN_PID") == str(os.getpid())
-            f.write(f"{name}\t{where}\t{'main' if in_main else 'child'}\n")
-    msg = f"step isolation: {name!r} would come from {where}, outside this chapter's tree {TREE}"
-    print(msg, file=sys.stderr)
-    return msg
-
-
-class StepGuard:
-    """First on sys.meta_path: let the other finders resolve a minisgl module, then veto it if
-    it lives outside the tree (a later chapter, python/minisgl, an editable install)."""
-
-    def find_spec(self, name, path, target=None):
-        if not _ours(name):
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        else:
-            return None
-        places = [spec.origin] if spec.has_location else list(spec.submodule_search_locations or [])
-        outside = [p for p in places if not _inside(p)] or ([] if places else ["<no file>"])
-        if outside:
-            raise ImportError(_violation(name, outside[0]), name=name)
-        return spec
-
-
-@atexit.register
-def _sweep():
-    # Catches modules that skipped the finders (spec_from_file_location + sys.modules).
-    for name, mod in list(sys.modules.items()):
-        where = getattr(mod, "__file__", None)
-        if _ours(name) and where and not _inside(where):
-            _violation(name, where)
-
-
-sys.meta_path.insert(0, StepGuard())
-'''
 
 # Python imports sitecustomize from PYTHONPATH at start-up, so children get the guard too. (It
 # shadows a distribution's own sitecustomize; those only add crash reporters and the like.)
 SITECUSTOMIZE = "import os\nif os.environ.get('MINISGL_STEP_TREE'):\n    import _minisgl_step_guard\n"
-
-RUNNER = r'''
-import os, runpy, sys
-import _minisgl_step_guard  # sitecustomize installed it already; this makes sure
-os.environ["MINISGL_STEP_MAIN_PID"] = str(os.getpid())  # tells the guard main from its children
-tree, main = sys.argv[1], sys.argv[2]
-sys.path[0] = tree  # where `python main.py` would put the script's directory
-sys.argv = [main]
-runpy.run_path(main, run_name="__main__")
-'''
 
 
 @dataclass
@@ -454,9 +387,9 @@ def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float
             tree.mkdir()
             materialise(overlay(root, ch.n), tree)
             boot.mkdir()
-            for name, source in [("_minisgl_step_guard.py", GUARD), ("sitecustomize.py", SITECUSTOMIZE),
-                                 ("run_main.py", RUNNER)]:
-                (boot / name).write_text(source, encoding="utf-8")
+            shutil.copyfile(TOOLS / "step_guard.py", boot / "_minisgl_step_guard.py")
+            shutil.copyfile(TOOLS / "step_runner.py", boot / "run_main.py")
+            (boot / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
             start = time.monotonic()
             cmd = [sys.executable, str(boot / "run_main.py"), str(tree), str(ch.main.absolute())]
             rc, out.stdout, lines = _run(cmd, root, _guarded_env(tree, boot, log), verbose, timeout)
