@@ -1,0 +1,1 @@
+../../../steps/ch12_message/minisgl/message/__init__.py

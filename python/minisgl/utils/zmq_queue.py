@@ -1,0 +1,1 @@
+../../../steps/ch12_message/minisgl/utils/zmq_queue.py

@@ -1,0 +1,95 @@
+"""Thin typed wrappers over ZMQ sockets: one socket, one direction, objects in and out.
+
+The encoding is passed in (encode/decode callables) so that this bottom module knows nothing
+about the message types defined above it. Addresses are IPC paths that carry a per-server run
+id, so several servers on one machine never share a socket.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import zmq
+
+T = TypeVar("T")
+
+
+def new_run_id() -> str:
+    """A name no other server on this machine uses: the pid plus a random suffix."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def ipc_address(run_id: str, name: str) -> str:
+    return f"ipc://{os.path.join(tempfile.gettempdir(), f'minisgl-{run_id}-{name}')}"
+
+
+class _Queue(Generic[T]):
+    def __init__(self, kind: int, address: str, bind: bool) -> None:
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(kind)
+        self._socket.setsockopt(zmq.LINGER, 0)  # closing never blocks on unsent messages
+        (self._socket.bind if bind else self._socket.connect)(address)
+        self.address = address
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class _Sender(_Queue[T]):
+    def __init__(self, kind: int, address: str, bind: bool,
+                 encode: Callable[[T], bytes]) -> None:
+        super().__init__(kind, address, bind)
+        self._encode = encode
+
+    def put(self, obj: T) -> None:
+        self._socket.send(self._encode(obj), copy=False)
+
+    def put_raw(self, raw: bytes) -> None:
+        """Forward bytes received elsewhere without decoding them (rank 0 -> other ranks)."""
+        self._socket.send(raw, copy=False)
+
+
+class _Receiver(_Queue[T]):
+    def __init__(self, kind: int, address: str, bind: bool,
+                 decode: Callable[[bytes], T]) -> None:
+        super().__init__(kind, address, bind)
+        self._decode = decode
+
+    def get_raw(self, timeout_ms: int | None = None) -> bytes | None:
+        """The next message's bytes, or None if none arrives within timeout_ms."""
+        if timeout_ms is not None and not self._socket.poll(timeout_ms):
+            return None
+        return self._socket.recv()
+
+    def get(self, timeout_ms: int | None = None) -> T | None:
+        raw = self.get_raw(timeout_ms)
+        return None if raw is None else self._decode(raw)
+
+
+class PushQueue(_Sender[T]):
+    """One-to-one, in order: the sending end of a pipeline stage."""
+
+    def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
+        super().__init__(zmq.PUSH, address, bind, encode)
+
+
+class PullQueue(_Receiver[T]):
+    def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
+        super().__init__(zmq.PULL, address, bind, decode)
+
+
+class PubQueue(_Sender[T]):
+    """One-to-many: every subscriber receives every message (rank 0 to the other ranks)."""
+
+    def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
+        super().__init__(zmq.PUB, address, bind, encode)
+
+
+class SubQueue(_Receiver[T]):
+    def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
+        super().__init__(zmq.SUB, address, bind, decode)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")  # everything

@@ -1,0 +1,133 @@
+"""Chapter 12: every message round-trips through msgpack and through real ZMQ sockets."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg,
+                             UserReply, decode, encode)
+from minisgl.message.codec import TYPE_KEY
+from minisgl.utils.zmq_queue import (PubQueue, PullQueue, PushQueue, SubQueue, ipc_address,
+                                     new_run_id)
+
+PARAMS = SamplingParams(temperature=0.5, top_k=3, top_p=0.8, max_tokens=9, ignore_eos=True)
+EXAMPLES = [
+    TokenizeMsg(1, "多字节 ✓ text", PARAMS),
+    TokenizeMsg(2, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                SamplingParams()),
+    UserMsg(3, torch.tensor([1, 2, 3], dtype=torch.int32), PARAMS),
+    DetokenizeMsg(4, 123, True),
+    UserReply(5, "é", False),
+    AbortMsg(6),
+    ExitMsg(),
+    BatchMsg([AbortMsg(7), BatchMsg([DetokenizeMsg(8, 1, False)])]),
+]
+
+
+def same(a, b) -> bool:
+    return type(a) is type(b) and encode(a) == encode(b)
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_decodes_to_the_same_type_and_content(message):
+    assert same(decode(encode(message)), message)
+
+
+def test_a_tensor_keeps_dtype_shape_and_values():
+    for tensor in [torch.arange(5, dtype=torch.int32), torch.arange(6.0).reshape(2, 3),
+                   torch.tensor([], dtype=torch.int64)]:
+        back = decode(encode(UserMsg(0, tensor, PARAMS))).input_ids
+        assert back.dtype == tensor.dtype and torch.equal(back, tensor)
+
+
+def test_decoded_tensors_are_writable_copies():
+    back = decode(encode(UserMsg(0, torch.arange(3, dtype=torch.int32), PARAMS))).input_ids
+    back[0] = 42  # would raise if it aliased the immutable receive buffer
+    assert back.tolist() == [42, 1, 2]
+
+
+def test_sampling_params_are_validated_again_on_decode():
+    raw = encode(TokenizeMsg(1, "x", PARAMS)).replace(b"\xcb?\xe0\x00\x00\x00\x00\x00\x00",
+                                                      b"\xcb\xbf\xf0\x00\x00\x00\x00\x00\x00")
+    with pytest.raises(ValueError, match="temperature"):  # 0.5 became -1.0 on the wire
+        decode(raw)
+
+
+def test_unknown_wire_type_is_rejected():
+    import msgpack
+    with pytest.raises(TypeError, match="unknown message type 'Evil'"):
+        decode(msgpack.packb({TYPE_KEY: "Evil", "x": 1}))
+
+
+def test_encoding_a_non_message_dataclass_fails():
+    from dataclasses import dataclass
+
+    @dataclass
+    class NotAMessage:
+        x: int
+
+    with pytest.raises(TypeError, match="NotAMessage"):
+        encode(NotAMessage(1))
+
+
+def test_run_ids_and_addresses_are_unique():
+    a, b = new_run_id(), new_run_id()
+    assert a != b and ipc_address(a, "x") != ipc_address(b, "x")
+
+
+def test_push_pull_round_trip_through_another_process():
+    run_id = new_run_id()
+    there, back = ipc_address(run_id, "there"), ipc_address(run_id, "back")
+    out = PushQueue(there, bind=True, encode=encode)
+    inbox = PullQueue(back, bind=True, decode=decode)
+    echo = subprocess.Popen([sys.executable, "-c", (
+        "import sys\n"
+        "from minisgl.message import ExitMsg, decode, encode\n"
+        "from minisgl.utils.zmq_queue import PullQueue, PushQueue\n"
+        "i = PullQueue(sys.argv[1], bind=False, decode=decode)\n"
+        "o = PushQueue(sys.argv[2], bind=False, encode=encode)\n"
+        "while not isinstance(m := i.get(), ExitMsg):\n    o.put(m)\n"), there, back])
+    try:
+        for message in EXAMPLES[:-2]:
+            out.put(message)
+        received = [inbox.get(timeout_ms=30_000) for _ in EXAMPLES[:-2]]
+        out.put(ExitMsg())
+        assert echo.wait(timeout=30) == 0
+        assert all(same(a, b) for a, b in zip(received, EXAMPLES[:-2]))
+    finally:
+        echo.kill()
+        out.close()
+        inbox.close()
+
+
+def test_get_returns_none_after_the_timeout():
+    inbox = PullQueue(ipc_address(new_run_id(), "quiet"), bind=True, decode=decode)
+    try:
+        assert inbox.get(timeout_ms=50) is None
+    finally:
+        inbox.close()
+
+
+def test_put_raw_forwards_bytes_unchanged_to_every_subscriber():
+    address = ipc_address(new_run_id(), "bcast")
+    pub = PubQueue(address, bind=True, encode=encode)
+    subs = [SubQueue(address, bind=False, decode=decode) for _ in range(2)]
+    try:
+        probe = encode(AbortMsg(-1))
+        for sub in subs:  # wait until each subscription has reached the publisher
+            while True:
+                pub.put_raw(probe)
+                if sub.get_raw(timeout_ms=50) is not None:
+                    break
+        for sub in subs:  # drop probes still in flight
+            while sub.get_raw(timeout_ms=50) is not None:
+                pass
+        raw = encode(EXAMPLES[2])
+        pub.put_raw(raw)
+        assert [sub.get_raw(timeout_ms=5_000) for sub in subs] == [raw, raw]
+    finally:
+        for q in (pub, *subs):
+            q.close()
