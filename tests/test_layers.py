@@ -139,29 +139,19 @@ def rope_params(path) -> tuple[float, dict | None]:
     return theta, (rope if rope["rope_type"] != "default" else None)
 
 
-def test_default_rope_matches_hf_beyond_position_1000(hf_model, smollm2_path):
+@pytest.mark.parametrize("name, rope_type, q_heads, kv_heads, head_dim", [
+    (SMOLLM2, None, 9, 3, 64), (TINY_LLAMA, "llama3", 8, 4, 32)])
+def test_rope_matches_hf_beyond_position_1000(hf_model, models_dir, name, rope_type, q_heads,
+                                              kv_heads, head_dim):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    theta, scaling = rope_params(smollm2_path)
-    assert scaling is None
-    ours = RotaryEmbedding(64, 4096, theta, scaling)
+    theta, scaling = rope_params(models_dir / name)
+    assert (scaling or {}).get("rope_type") == rope_type
+    ours = RotaryEmbedding(head_dim, 4096, theta, scaling)
     positions = positions_up_to_4000()
-    q, k = torch.randn(len(positions), 9, 64), torch.randn(len(positions), 3, 64)
-    expected = rotate_with_hf(hf_model(SMOLLM2).model.rotary_emb, apply_rotary_pos_emb,
-                              positions, q, k)
-    for got, want in zip(rotate_with_ours(ours, positions, q, k), expected):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
-def test_llama3_scaled_rope_matches_hf_beyond_position_1000(hf_model, tiny_llama_path):
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    theta, scaling = rope_params(tiny_llama_path)
-    assert scaling["rope_type"] == "llama3"
-    ours = RotaryEmbedding(32, 4096, theta, scaling)
-    positions = positions_up_to_4000()
-    q, k = torch.randn(len(positions), 8, 32), torch.randn(len(positions), 4, 32)
-    expected = rotate_with_hf(hf_model(TINY_LLAMA).model.rotary_emb, apply_rotary_pos_emb,
+    q = torch.randn(len(positions), q_heads, head_dim)
+    k = torch.randn(len(positions), kv_heads, head_dim)
+    expected = rotate_with_hf(hf_model(name).model.rotary_emb, apply_rotary_pos_emb,
                               positions, q, k)
     for got, want in zip(rotate_with_ours(ours, positions, q, k), expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

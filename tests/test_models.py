@@ -228,7 +228,7 @@ def test_shape_mismatch_in_a_fused_part_names_that_part(tiny_copy):
     # still say which checkpoint tensor is wrong, like every other loading error does.
     _, edit = tiny_copy
     path = edit(lambda s: s.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 64)}))
-    with pytest.raises((ValueError, KeyError)) as info:
+    with pytest.raises(ValueError) as info:
         load_model(path)
     assert "model.layers.0.self_attn.k_proj.weight" in str(info.value)
 

@@ -9,8 +9,8 @@ from minisgl.core import Batch
 
 @dataclass
 class SamplingArgs:
-    """One batch's sampling parameters as device tensors, one entry per request. None when the
-    whole batch is greedy, so the common case is a single argmax."""
+    """One batch's sampling parameters as device tensors, one entry per request. Sampler.prepare
+    returns None instead when the whole batch is greedy, so the common case is one argmax."""
 
     temperatures: torch.Tensor  # [batch]; 0 marks a greedy request
     top_k: torch.Tensor  # [batch] int; vocab_size means "no top-k"
