@@ -1,1 +1,1 @@
-../../../steps/ch12_message/minisgl/message/__init__.py
+../../../steps/ch13_tokenizer/minisgl/message/__init__.py

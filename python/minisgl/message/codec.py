@@ -1,1 +1,1 @@
-../../../steps/ch12_message/minisgl/message/codec.py
+../../../steps/ch13_tokenizer/minisgl/message/codec.py

@@ -1,1 +1,1 @@
-../../../steps/ch12_message/minisgl/message/messages.py
+../../../steps/ch13_tokenizer/minisgl/message/messages.py

@@ -1,0 +1,1 @@
+../../../steps/ch13_tokenizer/minisgl/tokenizer/tokenize.py

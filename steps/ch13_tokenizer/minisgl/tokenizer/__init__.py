@@ -1,0 +1,10 @@
+"""Text to tokens and back, in a process of its own: chat templates, incremental detokenizing,
+stop strings."""
+
+from .detokenize import DetokenizeManager, IncrementalDetokenizer
+from .stop import StopMatcher
+from .tokenize import TokenizeManager
+from .worker import TokenizerWorker, run_tokenizer
+
+__all__ = ["DetokenizeManager", "IncrementalDetokenizer", "StopMatcher", "TokenizeManager",
+           "TokenizerWorker", "run_tokenizer"]
