@@ -1,1 +1,1 @@
-../../../steps/ch13_tokenizer/minisgl/message/__init__.py
+../../../steps/ch14_scheduler_io/minisgl/message/__init__.py

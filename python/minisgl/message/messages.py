@@ -1,1 +1,1 @@
-../../../steps/ch13_tokenizer/minisgl/message/messages.py
+../../../steps/ch14_scheduler_io/minisgl/message/messages.py

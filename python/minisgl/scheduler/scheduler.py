@@ -1,1 +1,1 @@
-../../../steps/ch11_overlap/minisgl/scheduler/scheduler.py
+../../../steps/ch14_scheduler_io/minisgl/scheduler/scheduler.py

@@ -1,1 +1,1 @@
-../../../steps/ch13_tokenizer/minisgl/tokenizer/worker.py
+../../../steps/ch14_scheduler_io/minisgl/tokenizer/worker.py

@@ -28,10 +28,17 @@ def ipc_address(run_id: str, name: str) -> str:
 
 
 class _Queue(Generic[T]):
+    # A full PUB queue drops messages silently; for ranks that must see every message the same,
+    # a backlog (memory) is better than a loss. The limit must be set before bind/connect.
+    _unlimited_backlog = False
+
     def __init__(self, kind: int, address: str, bind: bool) -> None:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(kind)
         self._socket.setsockopt(zmq.LINGER, 0)  # closing never blocks on unsent messages
+        if self._unlimited_backlog:
+            self._socket.setsockopt(zmq.SNDHWM, 0)
+            self._socket.setsockopt(zmq.RCVHWM, 0)
         (self._socket.bind if bind else self._socket.connect)(address)
         self.address = address
 
@@ -85,11 +92,15 @@ class PullQueue(_Receiver[T]):
 class PubQueue(_Sender[T]):
     """One-to-many: every subscriber receives every message (rank 0 to the other ranks)."""
 
+    _unlimited_backlog = True
+
     def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
         super().__init__(zmq.PUB, address, bind, encode)
 
 
 class SubQueue(_Receiver[T]):
+    _unlimited_backlog = True
+
     def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
         super().__init__(zmq.SUB, address, bind, decode)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")  # everything

@@ -1,0 +1,1 @@
+../../../steps/ch14_scheduler_io/minisgl/scheduler/io.py

@@ -1,0 +1,9 @@
+"""Messages between the processes (API server, tokenizer, schedulers) and their wire format."""
+
+from .codec import decode, encode
+from .messages import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
+                       TokenizeMsg, UserMsg, UserReply, batched, unbatch)
+
+__all__ = ["AbortMsg", "BatchMsg", "DetokenizeMsg", "ExitMsg", "Message", "StatsMsg",
+           "StatsReply", "TokenizeMsg", "UserMsg", "UserReply", "batched", "decode", "encode",
+           "unbatch"]

@@ -1,0 +1,34 @@
+"""Targets for the child-process tests (tests/test_tokenizer.py).
+
+A spawned child rebuilds its target by importing it by name, so the targets are top-level
+functions of a module on sys.path. multiprocessing's spawn hands the parent's sys.path to the
+child, and pytest puts tests/ on it (pyproject: pythonpath), so the child finds this module.
+Keep the imports light: every child imports this file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def ready_then_sleep(*, status, seconds: float = 60.0) -> None:
+    """Report ready (with the child's pid as the info), then idle."""
+    status.ready(os.getpid())
+    time.sleep(seconds)
+
+
+def raise_while_starting(*, status) -> None:
+    raise FileNotFoundError("no checkpoint at /nowhere/model")
+
+
+def exit_without_reporting(*, status) -> None:
+    """Dies at once without a word, neither ready nor failed (as if the OOM killer took it)."""
+    os._exit(3)
+
+
+def ignore_sigterm(*, status) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    status.ready(os.getpid())
+    time.sleep(60.0)

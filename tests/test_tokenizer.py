@@ -1,0 +1,452 @@
+"""Chapter 13: chat templates, incremental detokenizing, stop strings, the tokenizer process and
+the child-process helpers it runs under."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from minisgl.core import SamplingParams
+from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg,
+                             UserReply, decode, encode, unbatch)
+from minisgl.tokenizer import (DetokenizeManager, IncrementalDetokenizer, StopMatcher,
+                               TokenizeManager, TokenizerWorker, run_tokenizer)
+from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
+
+import process_targets
+
+SMOLLM2 = "SmolLM2-135M-Instruct"
+IM_END = 2  # SmolLM2's <|im_end|>: the end of a chat turn, and its EOS
+CHAT = [{"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "法国的首都是哪里？"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Italy? 🙂"}]
+TEXTS = ["你好，世界！", "emoji 🙂🚀 与 café", "日本語のテキスト😀", "한국어 문장입니다",
+         "naïve façade — “quotes” ½ €", "🧑‍🚀 flag 🇨🇳 done\n\ttab"]
+
+
+@pytest.fixture(scope="module")
+def tok(hf_tokenizer):
+    return hf_tokenizer(SMOLLM2)
+
+
+@pytest.fixture
+def fresh_tok(smollm2_path):
+    """A tokenizer of our own, for tests that change its settings."""
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+def stream(tokenizer, ids: list[int]) -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer)
+    return [detok.add(i) for i in ids] + [detok.finish()]
+
+
+def full_decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------- TokenizeManager
+
+
+def test_chat_ids_equal_template_text_tokenized_without_special_tokens(tok):
+    ours = TokenizeManager(tok).tokenize(CHAT)
+    text = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n")  # the answer's turn is opened
+    assert ours.dtype == torch.int32 and ours.dim() == 1
+    assert ours.tolist() == tok(text, add_special_tokens=False).input_ids
+
+
+def test_plain_text_is_tokenized_as_is(tok):
+    ids = TokenizeManager(tok).tokenize("The capital of France is")
+    assert ids.dtype == torch.int32 and ids.tolist() == tok("The capital of France is").input_ids
+
+
+def test_a_tokenizer_that_adds_bos_gets_it_once_in_a_chat(fresh_tok):
+    fresh_tok.add_bos_token = True  # like Llama's: BOS before every encoded text
+    bos = fresh_tok.bos_token_id
+    assert fresh_tok("hi").input_ids[0] == bos
+    manager = TokenizeManager(fresh_tok)
+    chat_ids = manager.tokenize([{"role": "user", "content": "hi"}]).tolist()
+    assert chat_ids[0] == bos and chat_ids[1] != bos  # the template's own, not doubled
+    assert manager.tokenize("hi").tolist()[0] == bos
+
+
+def test_an_empty_prompt_is_refused(tok):
+    with pytest.raises(ValueError, match="empty"):
+        TokenizeManager(tok).tokenize("")
+
+
+def test_a_chat_without_a_chat_template_is_refused(fresh_tok):
+    fresh_tok.chat_template = None
+    manager = TokenizeManager(fresh_tok)
+    with pytest.raises(ValueError, match="no chat template"):
+        manager.tokenize([{"role": "user", "content": "hi"}])
+    assert manager.tokenize("hi").tolist() == fresh_tok("hi").input_ids  # plain text still works
+
+
+# --------------------------------------------------------------------------- IncrementalDetokenizer
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_pieces_join_to_the_full_decode(tok, text):
+    ids = tok(text).input_ids
+    pieces = stream(tok, ids)
+    assert "".join(pieces) == full_decode(tok, ids) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_a_character_appears_when_its_last_byte_arrives(tok):
+    ids = tok("你好，世界！").input_ids
+    assert len(ids) == 12  # every CJK character is split over 2 or 3 byte tokens
+    assert stream(tok, ids) == ["", "你", "", "好", "，", "", "世", "", "", "界", "", "！", ""]
+
+
+def test_random_unicode_text_streams_without_replacement_characters(tok):
+    rng = random.Random(0)
+    ranges = [(0x20, 0x7E), (0xC0, 0x24F), (0x4E00, 0x9FFF), (0x1F300, 0x1F64F)]
+    for _ in range(100):
+        text = "".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(30))
+        ids = tok(text, add_special_tokens=False).input_ids
+        pieces = stream(tok, ids)
+        assert "".join(pieces) == text, text
+        assert not any("\ufffd" in p for p in pieces), text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_token_ids_stream_to_the_full_decode(tok, seed):
+    rng = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, len(tok), (3000,), generator=rng).tolist()
+    assert "".join(stream(tok, ids)) == full_decode(tok, ids)
+
+
+def test_random_byte_tokens_stream_to_the_full_decode(tok):
+    """Byte tokens alone make the hardest streams: characters cut anywhere, invalid UTF-8."""
+    byte_ids = [i for i in range(len(tok)) if len(tok.convert_ids_to_tokens(i)) == 1]
+    assert len(byte_ids) > 200
+    rng = random.Random(0)
+    for _ in range(20):
+        ids = [rng.choice(byte_ids) for _ in range(200)]
+        assert "".join(stream(tok, ids)) == full_decode(tok, ids)
+
+
+def test_special_tokens_produce_no_text(tok):
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.add(i) for i in tok("Hi").input_ids]
+    assert detok.add(IM_END) == "" and detok.finish() == ""
+    ids = tok("a").input_ids + [1, IM_END] + tok(" b").input_ids  # specials in the middle too
+    assert "".join(stream(tok, ids)) == "a b"
+    assert "".join(pieces) == "Hi"
+
+
+def test_the_decode_window_stays_short(tok):
+    detok = IncrementalDetokenizer(tok)
+    ids = tok(" ".join(["word"] * 500)).input_ids
+    for i in ids:
+        detok.add(i)
+        assert len(detok.ids) - detok.prefix_offset <= 2  # not the whole history every step
+    assert detok.finish() == ""
+
+
+# --------------------------------------------------------------------------- DetokenizeManager
+
+
+def test_detokenize_manager_streams_interleaved_requests_and_drops_finished_ones(tok):
+    manager = DetokenizeManager(tok)
+    a, b = tok("你好，世界！").input_ids, tok("emoji 🙂🚀").input_ids
+    out: dict[int, list[UserReply]] = {1: [], 2: []}
+    for n in range(max(len(a), len(b))):
+        for uid, ids in ((1, a), (2, b)):
+            if n < len(ids):
+                out[uid].append(manager.detokenize(DetokenizeMsg(uid, ids[n], n == len(ids) - 1)))
+    assert "".join(r.incremental_output for r in out[1]) == "你好，世界！"
+    assert "".join(r.incremental_output for r in out[2]) == "emoji 🙂🚀"
+    assert [r.finished for r in out[1]] == [False] * (len(a) - 1) + [True]
+    assert all(r.uid == 2 for r in out[2])
+    assert manager.streams == {}
+
+
+def test_detokenize_manager_passes_an_error_through(tok):
+    manager = DetokenizeManager(tok)
+    manager.detokenize(DetokenizeMsg(7, tok("Hi").input_ids[0], False))
+    reply = manager.detokenize(DetokenizeMsg(7, -1, True, error="prompt has 600 tokens; max 512"))
+    assert reply == UserReply(7, "", True, "prompt has 600 tokens; max 512")
+    assert 7 not in manager.streams
+
+
+def test_next_token_minus_one_yields_no_text(tok):
+    manager = DetokenizeManager(tok)
+    first = manager.detokenize(DetokenizeMsg(3, tok("Hi").input_ids[0], False))
+    assert first.incremental_output == "Hi"
+    assert manager.detokenize(DetokenizeMsg(3, -1, False)).incremental_output == ""
+    assert manager.detokenize(DetokenizeMsg(3, -1, True)) == UserReply(3, "", True)
+
+
+# --------------------------------------------------------------------------- StopMatcher
+
+
+def run_matcher(stops: list[str], pieces: list[str]) -> tuple[str, StopMatcher]:
+    matcher = StopMatcher(stops)
+    return "".join(matcher.feed(p) for p in pieces) + matcher.flush(), matcher
+
+
+def test_a_stop_string_straddling_two_pieces_is_found():
+    matcher = StopMatcher(["Observation:"])
+    assert matcher.feed("Thought: look it up. Obs") == "Thought: look it up. "
+    assert not matcher.stopped
+    assert matcher.feed("ervation: 42") == ""
+    assert matcher.stopped
+
+
+def test_the_earliest_of_several_stop_strings_wins():
+    out, matcher = run_matcher(["world", "lo"], ["hello world"])
+    assert out == "hel" and matcher.stopped
+
+
+def test_a_held_back_tail_is_released_by_flush_when_no_stop_comes():
+    matcher = StopMatcher(["</s>"])
+    assert matcher.feed("x < y, and a <") == "x < y, and a "
+    assert matcher.feed("/") == ""  # "</" could still become "</s>"
+    assert matcher.flush() == "</"
+    assert not matcher.stopped
+
+
+def test_a_held_back_tail_is_released_by_a_piece_that_rules_the_stop_out():
+    matcher = StopMatcher(["</s>"])
+    assert matcher.feed("a <") == "a "
+    assert matcher.feed("b") == "<b"
+
+
+def test_after_a_stop_everything_is_dropped():
+    matcher = StopMatcher(["。"])
+    assert matcher.feed("第一句。第二") == "第一句"
+    assert matcher.feed("句。") == "" and matcher.flush() == ""
+
+
+def test_empty_stop_strings_are_ignored():
+    out, matcher = run_matcher(["", "STOP"], ["hello ", "there"])
+    assert out == "hello there" and not matcher.stopped
+    assert run_matcher([""], ["abc"])[0] == "abc"
+
+
+def _no_stop_contains_another(stops: list[str]) -> bool:
+    return not any(a != b and a in b for a in stops for b in stops)
+
+
+def test_any_split_of_the_text_gives_the_text_before_the_first_stop():
+    """Stream a random text in random pieces: the output is the text cut at its first stop."""
+    rng = random.Random(0)
+    checked = 0
+    while checked < 500:
+        text = "".join(rng.choice("ab停。") for _ in range(rng.randint(0, 30)))
+        stops = ["".join(rng.choice("ab停。") for _ in range(rng.randint(1, 4)))
+                 for _ in range(rng.randint(1, 3))]
+        if not _no_stop_contains_another(stops):
+            continue  # see the note in the chapter's report on nested stop strings
+        cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, len(text))))
+        pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        out, matcher = run_matcher(stops, pieces)
+        assert out == text[: min(hits, default=len(text))], (text, stops, pieces)
+        assert matcher.stopped == bool(hits)
+        checked += 1
+
+
+# --------------------------------------------------------------------------- TokenizerWorker
+
+
+@pytest.fixture(scope="module")
+def worker(smollm2_path):
+    return TokenizerWorker(str(smollm2_path))
+
+
+def test_worker_sends_a_tokenized_prompt_to_the_scheduler(worker, tok):
+    params = SamplingParams(max_tokens=5)
+    out = worker.handle([TokenizeMsg(1, CHAT, params)])
+    assert out.to_frontend == []
+    [user] = out.to_scheduler
+    assert isinstance(user, UserMsg) and user.uid == 1 and user.sampling_params == params
+    assert user.input_ids.tolist() == TokenizeManager(tok).tokenize(CHAT).tolist()
+
+
+def test_worker_answers_an_untokenizable_prompt_with_an_error_reply(worker):
+    out = worker.handle([TokenizeMsg(2, "", SamplingParams())])
+    assert out.to_scheduler == []
+    [reply] = out.to_frontend
+    assert reply == UserReply(2, "", True, "the prompt is empty")
+
+
+def test_worker_sends_detokenized_text_to_the_frontend(worker, tok):
+    ids = tok("好").input_ids
+    out = worker.handle([DetokenizeMsg(3, t, n == len(ids) - 1) for n, t in enumerate(ids)])
+    assert out.to_scheduler == []
+    assert [r.uid for r in out.to_frontend] == [3] * len(ids)
+    assert "".join(r.incremental_output for r in out.to_frontend) == "好"
+    assert out.to_frontend[-1].finished
+
+
+def test_worker_forwards_aborts_in_order(worker):
+    out = worker.handle([TokenizeMsg(4, "hi", SamplingParams()), AbortMsg(4),
+                         TokenizeMsg(5, "yo", SamplingParams())])
+    assert [(type(m).__name__, m.uid) for m in out.to_scheduler] == \
+        [("UserMsg", 4), ("AbortMsg", 4), ("UserMsg", 5)]
+
+
+# --------------------------------------------------------------------------- the real process
+
+
+def collect(queue: PullQueue, count: int) -> list:
+    got: list = []
+    while len(got) < count:
+        message = queue.get(timeout_ms=30_000)
+        assert message is not None, f"only {len(got)} of {count} messages arrived"
+        got += unbatch(message)
+    return got
+
+
+def test_run_tokenizer_serves_in_its_own_process_and_exits_on_exit_msg(smollm2_path, tok):
+    run_id = new_run_id()
+    inbox, scheduler, frontend = (ipc_address(run_id, n) for n in ("tok", "sched", "front"))
+    to_tokenizer = PushQueue(inbox, bind=False, encode=encode)
+    from_tokenizer = PullQueue(scheduler, bind=True, decode=decode)
+    replies = PullQueue(frontend, bind=True, decode=decode)
+    status = ReadyQueue()
+    process = start_process(run_tokenizer, "tokenizer-0", status, model_path=str(smollm2_path),
+                            inbox=inbox, bind_inbox=True, scheduler=scheduler, frontend=frontend)
+    try:
+        assert wait_ready([process], status, expected=1, timeout=120) == {"tokenizer-0": None}
+        to_tokenizer.put(TokenizeMsg(1, CHAT, SamplingParams()))
+        to_tokenizer.put(AbortMsg(1))
+        user, abort = collect(from_tokenizer, 2)
+        assert isinstance(user, UserMsg) and user.input_ids.dtype == torch.int32
+        assert user.input_ids.tolist() == TokenizeManager(tok).tokenize(CHAT).tolist()
+        assert abort == AbortMsg(1)  # after its request, never before
+
+        ids = tok("你好，世界！").input_ids
+        to_tokenizer.put(BatchMsg([DetokenizeMsg(2, t, n == len(ids) - 1)
+                                   for n, t in enumerate(ids)]))
+        answer = collect(replies, len(ids))
+        assert "".join(r.incremental_output for r in answer) == "你好，世界！"
+        assert [r.finished for r in answer] == [False] * (len(ids) - 1) + [True]
+
+        to_tokenizer.put(TokenizeMsg(3, "", SamplingParams()))
+        [error] = collect(replies, 1)
+        assert error.uid == 3 and error.finished and "empty" in error.error
+        assert from_tokenizer.get(timeout_ms=200) is None  # the bad prompt went nowhere else
+
+        to_tokenizer.put(ExitMsg())
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    finally:
+        stop_processes([process])
+        for q in (to_tokenizer, from_tokenizer, replies):
+            q.close()
+
+
+# --------------------------------------------------------------------------- utils.process
+
+
+def test_wait_ready_returns_each_childs_info_by_name():
+    status = ReadyQueue()
+    processes = [start_process(process_targets.ready_then_sleep, f"child-{i}", status)
+                 for i in range(2)]
+    try:
+        infos = wait_ready(processes, status, expected=2, timeout=60)
+        assert infos == {p.name: p.pid for p in processes}
+    finally:
+        stop_processes(processes)
+    assert all(p.exitcode == -signal.SIGTERM for p in processes)
+
+
+def test_wait_ready_names_a_child_that_raises_while_starting():
+    status = ReadyQueue()
+    process = start_process(process_targets.raise_while_starting, "loader", status)
+    try:
+        with pytest.raises(RuntimeError, match="loader failed while starting") as info:
+            wait_ready([process], status, expected=1, timeout=60)
+        assert "FileNotFoundError: no checkpoint at /nowhere/model" in str(info.value)
+    finally:
+        stop_processes([process])
+
+
+def test_wait_ready_names_a_child_that_exits_without_reporting():
+    status = ReadyQueue()
+    process = start_process(process_targets.exit_without_reporting, "silent", status)
+    try:
+        with pytest.raises(RuntimeError, match="silent exited with code 3 before it was ready"):
+            wait_ready([process], status, expected=1, timeout=60)
+    finally:
+        stop_processes([process])
+
+
+def test_children_ignore_ctrl_c():
+    status = ReadyQueue()
+    process = start_process(process_targets.ready_then_sleep, "worker", status)
+    try:
+        wait_ready([process], status, expected=1, timeout=60)
+        os.kill(process.pid, signal.SIGINT)
+        process.join(timeout=1.0)
+        assert process.exitcode is None  # still serving: the launcher decides when to stop it
+    finally:
+        stop_processes([process])
+
+
+def test_stop_processes_kills_a_child_that_ignores_sigterm():
+    status = ReadyQueue()
+    process = start_process(process_targets.ignore_sigterm, "stubborn", status)
+    try:
+        wait_ready([process], status, expected=1, timeout=60)
+        start = time.monotonic()
+        stop_processes([process], timeout=1.0)
+        assert process.exitcode == -signal.SIGKILL  # SIGTERM was ignored; SIGKILL cannot be
+        assert 1.0 <= time.monotonic() - start < 10.0
+    finally:
+        stop_processes([process], timeout=0.0)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc, or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
+def test_a_child_exits_when_its_parent_is_killed():
+    root = Path(__file__).resolve().parent.parent
+    launcher = (
+        "import time\n"
+        "from minisgl.utils.process import ReadyQueue, start_process, wait_ready\n"
+        "from process_targets import ready_then_sleep\n"
+        "status = ReadyQueue()\n"
+        "p = start_process(ready_then_sleep, 'orphan', status)\n"
+        "print(wait_ready([p], status, expected=1, timeout=60)['orphan'], flush=True)\n"
+        "time.sleep(60)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "python"), str(root / "tests")]))
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, env=env,
+                              text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        assert _state(child) not in (None, "Z")
+        parent.kill()  # SIGKILL: the parent gets no chance to stop its children
+        parent.wait()
+        deadline = time.monotonic() + 5.0
+        while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _state(child) in (None, "Z"), "the orphaned child is still running"
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None and _state(child) not in (None, "Z"):
+            os.kill(child, signal.SIGKILL)
