@@ -1,1 +1,1 @@
-../../../steps/ch14_scheduler_io/minisgl/message/messages.py
+../../../steps/ch15_api_server/minisgl/message/messages.py

@@ -1,1 +1,1 @@
-../../../steps/ch14_scheduler_io/minisgl/scheduler/io.py
+../../../steps/ch15_api_server/minisgl/scheduler/io.py

@@ -1,1 +1,1 @@
-../../../steps/ch13_tokenizer/minisgl/tokenizer/detokenize.py
+../../../steps/ch15_api_server/minisgl/tokenizer/detokenize.py

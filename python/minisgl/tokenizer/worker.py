@@ -1,1 +1,1 @@
-../../../steps/ch14_scheduler_io/minisgl/tokenizer/worker.py
+../../../steps/ch15_api_server/minisgl/tokenizer/worker.py

@@ -1,0 +1,1 @@
+../../steps/ch15_api_server/minisgl/__main__.py

@@ -1,0 +1,1 @@
+../../../steps/ch15_api_server/minisgl/server/protocol.py

@@ -1,0 +1,165 @@
+"""The HTTP side: OpenAI-compatible endpoints over the Frontend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from minisgl.message import UserReply
+from minisgl.tokenizer import StopMatcher
+
+from .frontend import Frontend
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, SamplingFields,
+                       completion_body, usage)
+
+class Generation:
+    """One request's replies, cut at its stop strings, with its usage counts."""
+
+    def __init__(self, frontend: Frontend, uid: int, queue: asyncio.Queue, first: UserReply,
+                 stops: list[str]) -> None:
+        self.frontend, self.uid, self.queue, self.first = frontend, uid, queue, first
+        self.matcher = StopMatcher(stops)
+        self.prompt_tokens = self.completion_tokens = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The text as it is produced; finish_reason is set once it ends. If the client goes
+        away mid-stream, Starlette cancels the task reading us and `finally` aborts the
+        request, which frees its KV pages; so does a stop string."""
+        reply = self.first
+        try:
+            while True:
+                self.prompt_tokens = reply.prompt_tokens
+                self.completion_tokens += 1
+                text = self.matcher.feed(reply.incremental_output)
+                if self.matcher.stopped:
+                    self.finish_reason = "stop"
+                elif reply.finished:
+                    text += self.matcher.flush()
+                    self.finish_reason = reply.finish_reason
+                if text:
+                    yield text
+                if self.finish_reason is not None:
+                    return
+                reply = await self.queue.get()
+        finally:
+            if self.finish_reason is None or self.matcher.stopped:
+                self.frontend.abort(self.uid)  # gone, or stopped early: free the request
+            else:
+                self.frontend.done(self.uid)
+
+
+def _sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
+               on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The app; `on_ready` runs once the event loop is up (the launcher waits there until
+    the socket listens, then says it is ready)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        frontend.start(asyncio.get_running_loop())
+        ready = asyncio.create_task(on_ready()) if on_ready else None
+        try:
+            yield
+        finally:
+            if ready is not None:
+                ready.cancel()
+            frontend.close()
+
+    app = FastAPI(title="mini-sglang", version="0.1", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        if any(err["type"] == "json_invalid" for err in errors):
+            error = APIError("the request body is not valid JSON")
+        else:
+            where = [".".join(str(x) for x in err["loc"][1:]) for err in errors]
+            problems = "; ".join(f"{w or 'body'}: {err['msg']}" for w, err in zip(where, errors))
+            error = APIError(f"invalid request: {problems}", param=where[0] or None)
+        return JSONResponse(error.body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        error = APIError(str(e.detail), status=e.status_code,
+                         kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
+        return JSONResponse(error.body(), status_code=e.status_code)
+
+    async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None
+                    ) -> Generation:
+        params, fit = body.sampling_params(max_seq_len, default_max_tokens)
+        uid, queue = frontend.submit(prompt, params, fit)
+        first = await queue.get()  # wait for it: a refused request becomes an HTTP error
+        if first.error:
+            frontend.done(uid)
+            raise APIError(first.error)
+        return Generation(frontend, uid, queue, first, body.stop_strings())
+
+    async def respond(body: SamplingFields, gen: Generation, chat: bool):
+        if not body.stream:
+            text = "".join([piece async for piece in gen.pieces()])
+            return {**completion_body(gen.uid, model_name, chat, text, gen.finish_reason, False),
+                    "usage": gen.usage}
+
+        async def events() -> AsyncIterator[str]:
+            if chat:  # the first chunk of a chat stream names the role, and only that one
+                first = completion_body(gen.uid, model_name, True, "", None, True)
+                first["choices"][0]["delta"]["role"] = "assistant"
+                yield _sse(first)
+            async for piece in gen.pieces():
+                yield _sse(completion_body(gen.uid, model_name, chat, piece, None, True))
+            yield _sse(completion_body(gen.uid, model_name, chat, "", gen.finish_reason, True))
+            if body.stream_options and body.stream_options.include_usage:
+                yield _sse({**completion_body(gen.uid, model_name, chat, "", None, True),
+                            "choices": [], "usage": gen.usage})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        # OpenAI's default for completions is 16 tokens.
+        return await respond(body, await start(body, body.prompt, 16), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        messages = [m.model_dump() for m in body.messages]
+        max_tokens = (body.max_tokens if body.max_completion_tokens is None
+                      else body.max_completion_tokens)
+        body = body.model_copy(update={"max_tokens": max_tokens})
+        return await respond(body, await start(body, messages, None), chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "minisgl", "max_model_len": max_seq_len}]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats() -> dict:
+        """The scheduler's counters: KV pages free / cached / locked, requests running."""
+        return await frontend.stats()
+
+    return app
