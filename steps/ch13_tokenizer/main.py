@@ -65,7 +65,8 @@ def main() -> int:
     llm.shutdown()
     answer_pieces = stream(tokenizer, answer["token_ids"])
     print(f"  模型的回答：{full(answer['token_ids'])!r}")
-    ok &= check("模型回答的 40 个 token", "".join(answer_pieces) == full(answer["token_ids"]))
+    ok &= check(f"模型回答的 {len(answer['token_ids'])} 个 token",
+                "".join(answer_pieces) == full(answer["token_ids"]))
 
     print("三、停止字符串")
     answer_text = full(answer["token_ids"])

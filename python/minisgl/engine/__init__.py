@@ -1,1 +1,1 @@
-../../../steps/ch06_engine/minisgl/engine/__init__.py
+../../../steps/ch16_tensor_parallel/minisgl/engine/__init__.py

@@ -1,1 +1,1 @@
-../../../steps/ch06_engine/minisgl/engine/config.py
+../../../steps/ch16_tensor_parallel/minisgl/engine/config.py

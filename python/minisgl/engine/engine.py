@@ -1,1 +1,1 @@
-../../../steps/ch06_engine/minisgl/engine/engine.py
+../../../steps/ch16_tensor_parallel/minisgl/engine/engine.py

@@ -1,1 +1,1 @@
-../../../steps/ch03_models/minisgl/layers/__init__.py
+../../../steps/ch16_tensor_parallel/minisgl/layers/__init__.py

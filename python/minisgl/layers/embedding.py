@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/layers/embedding.py
+../../../steps/ch16_tensor_parallel/minisgl/layers/embedding.py

@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/layers/linear.py
+../../../steps/ch16_tensor_parallel/minisgl/layers/linear.py

@@ -1,1 +1,1 @@
-../../../steps/ch11_overlap/minisgl/llm/llm.py
+../../../steps/ch16_tensor_parallel/minisgl/llm/llm.py

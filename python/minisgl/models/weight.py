@@ -1,1 +1,1 @@
-../../../steps/ch03_models/minisgl/models/weight.py
+../../../steps/ch16_tensor_parallel/minisgl/models/weight.py

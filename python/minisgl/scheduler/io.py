@@ -1,1 +1,1 @@
-../../../steps/ch15_api_server/minisgl/scheduler/io.py
+../../../steps/ch16_tensor_parallel/minisgl/scheduler/io.py

@@ -1,1 +1,1 @@
-../../../steps/ch13_tokenizer/minisgl/utils/process.py
+../../../steps/ch16_tensor_parallel/minisgl/utils/process.py

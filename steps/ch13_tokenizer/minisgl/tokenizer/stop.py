@@ -32,10 +32,12 @@ class StopMatcher:
         if self.stopped:
             return ""
         text = self.held + piece
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        # The occurrence that *ends* first is the one a stream sees complete first, so the cut
+        # does not depend on how the text was split (stops "abc" and "b" in "abc": cut at "b").
+        hits = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
             self.stopped, self.held = True, ""
-            return text[: min(hits)]
+            return text[: min(hits)[1]]
         keep = self._held_back(text)
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep]

@@ -41,7 +41,7 @@ class TokenizerWorker:
             if isinstance(msg, TokenizeMsg):
                 try:
                     ids = self.tokenize.tokenize(msg.prompt)
-                except ValueError as e:
+                except Exception as e:  # an empty prompt, a chat its template rejects: not fatal
                     out.to_frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
                     continue
                 out.to_scheduler.append(UserMsg(msg.uid, ids, msg.sampling_params))

@@ -1,0 +1,1 @@
+../../../steps/ch16_tensor_parallel/minisgl/distributed/__init__.py

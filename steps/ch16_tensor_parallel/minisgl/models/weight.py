@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from minisgl.distributed import get_tp_info
+from minisgl.layers import vocab_shard
+
+from .config import ModelConfig
+
+# Checkpoint tensors that our layers hold fused: (fused name, [the parts, in output order]).
+FUSED = [("qkv_proj", ["q_proj", "k_proj", "v_proj"]), ("gate_up_proj", ["gate_proj", "up_proj"])]
+# Derivable buffers some checkpoints still carry; the layers recompute them.
+DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
+# How tensor parallelism splits each checkpoint tensor, by the module that holds it: the
+# output rows (column-parallel), the input columns (row-parallel), or the vocabulary rows.
+# Anything else (norms, q/k-norm) is replicated.
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+VOCAB_PARALLEL = ("embed_tokens", "lm_head")
+
+
+def read_shard(f: Any, name: str) -> torch.Tensor:
+    """This rank's part of checkpoint tensor `name`, read from the open safetensors file `f`
+    without reading the rest: no rank ever holds the whole model."""
+    tp = get_tp_info()
+    if tp.size == 1:
+        return f.get_tensor(name)
+    whole = f.get_slice(name)
+    rows, *_ = whole.get_shape()
+    *_, module, kind = name.split(".")
+    if module in COLUMN_PARALLEL:  # q/k/v rows are whole heads, gate/up rows whole units
+        n = rows // tp.size
+        return whole[tp.rank * n : (tp.rank + 1) * n]
+    if module in ROW_PARALLEL and kind == "weight":  # a bias is added once, after the sum
+        n = whole.get_shape()[1] // tp.size
+        return whole[:, tp.rank * n : (tp.rank + 1) * n]
+    if module in VOCAB_PARALLEL:
+        start, length = vocab_shard(rows)
+        part = whole[start : start + length]
+        return torch.cat([part, part.new_zeros(length - len(part), *part.shape[1:])])
+    return f.get_tensor(name)
+
+
+def _fused_name(name: str) -> tuple[str, int, int] | None:
+    """'m.layers.0.self_attn.k_proj.weight' -> ('m.layers.0.self_attn.qkv_proj.weight', 1, 3):
+    the fused tensor, this part's place in it, and how many parts it has."""
+    *module, part, kind = name.split(".")
+    for fused, parts in FUSED:
+        if part in parts:
+            return ".".join([*module, fused, kind]), parts.index(part), len(parts)
+    return None
+
+
+def read_checkpoint(path: Path, config: ModelConfig, dtype: torch.dtype,
+                    device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint under the model's own names: q/k/v and gate/up
+    concatenated (this rank's shards of each), a tied lm_head dropped, cast to `dtype` on
+    `device`."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model directory {str(path)!r} has no *.safetensors file")
+    state: dict[str, torch.Tensor] = {}
+    pieces: dict[str, list[torch.Tensor | None]] = {}
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith(DERIVED_SUFFIXES):
+                    continue
+                if config.tie_word_embeddings and name == "lm_head.weight":
+                    continue  # tied: the LM head reads the embedding matrix
+                tensor = read_shard(f, name).to(device=device, dtype=dtype)
+                fused = _fused_name(name)
+                if fused is None:
+                    state[name] = tensor
+                else:
+                    fused_name, index, count = fused
+                    pieces.setdefault(fused_name, [None] * count)[index] = tensor
+    for fused_name, tensors in pieces.items():
+        state[fused_name] = _concatenate(fused_name, tensors)
+    return state
+
+
+def _concatenate(fused_name: str, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    """The parts of one fused tensor, checked and concatenated in output order."""
+    fused = fused_name.split(".")[-2]
+    parts = next(parts for name, parts in FUSED if name == fused)
+    named = [(fused_name.replace(f".{fused}.", f".{part}."), t) for part, t in zip(parts, tensors)]
+    present = []
+    for part_name, tensor in named:
+        if tensor is None:
+            raise KeyError(f"checkpoint is missing {part_name!r}, a part of {fused_name!r}")
+        if present and tensor.shape[1:] != present[0].shape[1:]:
+            raise ValueError(f"tensor {part_name!r} has shape {tuple(tensor.shape)}; "
+                             f"{named[0][0]!r} has {tuple(present[0].shape)}")
+        present.append(tensor)
+    return torch.cat(present)

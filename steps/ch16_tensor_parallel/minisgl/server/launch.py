@@ -1,0 +1,135 @@
+"""`python -m minisgl`: start the processes, serve HTTP (or a shell), stop everything at the end.
+
+Processes: this one (API server), one tokenizer process that also detokenizes (or
+--num-tokenizer tokenizers and a detokenizer), and one scheduler process per TP rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+import uvicorn
+
+from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
+from minisgl.tokenizer import run_tokenizer
+from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.zmq_queue import ipc_address, new_run_id
+
+from .api_server import create_app
+from .args import ServerArgs, parse_args
+from .frontend import Frontend
+from .shell import run_shell
+
+
+@dataclass
+class Backend:
+    """The child processes and the addresses the API server talks to."""
+
+    processes: list[BaseProcess]
+    tokenizer_inboxes: list[str]
+    frontend: str
+    max_seq_len: int
+    run_id: str
+
+    def stop(self) -> None:
+        stop_processes(self.processes)
+        # A killed child cannot unlink its IPC socket files; nothing else will use them.
+        pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.run_id}-*")
+        for path in glob.glob(pattern):
+            os.unlink(path)
+
+
+def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
+    """Start every child and wait until all have loaded what they need. A child that fails
+    stops the others and raises RuntimeError with its traceback."""
+    run_id = new_run_id()
+    address = lambda name: ipc_address(run_id, name)  # noqa: E731
+    scheduler_inbox, frontend = address("scheduler"), address("frontend")
+    inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
+    detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
+    status = ReadyQueue()
+    processes = start_schedulers(args.scheduler, SchedulerAddresses(
+        scheduler_inbox, detokenizer, address("broadcast"), address("acks")), status)
+    names = [f"tokenizer-{i}" for i in range(len(inboxes))]
+    if args.num_tokenizer > 0:
+        inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
+    for name, inbox in zip(names, inboxes):
+        processes.append(start_process(
+            run_tokenizer, name, status, model_path=args.scheduler.model_path, inbox=inbox,
+            bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
+    backend = Backend(processes, inboxes[: max(args.num_tokenizer, 1)], frontend, 0, run_id)
+    try:
+        infos = wait_ready(processes, status, expected=len(processes), timeout=startup_timeout)
+    except BaseException:
+        backend.stop()
+        raise
+    backend.max_seq_len = infos["scheduler-rank0"]["max_seq_len"]
+    return backend
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then raises the signal again,
+        # which would kill this process before it stops its children. Return normally instead.
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {s: signal.signal(s, self.handle_exit) for s in signals}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def serve(args: ServerArgs, backend: Backend) -> None:
+    """HTTP until SIGINT/SIGTERM; uvicorn handles both and shuts down gracefully."""
+    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
+    server: _Server | None = None
+
+    async def announce() -> None:
+        while server is None or not server.started:
+            await asyncio.sleep(0.05)
+        print(f"minisgl: ready, serving {args.model_name} at http://{args.host}:{args.port}/v1 "
+              f"(max_seq_len {backend.max_seq_len})", flush=True)
+
+    app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=announce)
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=3))
+    server.run()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    print(f"minisgl: loading {args.scheduler.model_path} ...", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # while loading, SIGTERM acts like Ctrl-C
+    try:
+        backend = start_backend(args)
+    except RuntimeError as e:
+        print(f"minisgl: could not start: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # start_backend has stopped what it started
+        print("minisgl: interrupted while loading", file=sys.stderr)
+        return 130
+    try:
+        if args.shell:
+            run_shell(backend.tokenizer_inboxes, backend.frontend, backend.max_seq_len)
+        else:
+            serve(args, backend)
+    finally:
+        backend.stop()
+        print("minisgl: stopped", flush=True)
+    return 0

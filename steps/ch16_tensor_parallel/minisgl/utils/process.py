@@ -1,0 +1,132 @@
+"""Child processes of a server: start them, wait until each reports ready, stop them all.
+
+Every child reports through one queue: ("ready", name, info) once it can serve, or
+("failed", name, traceback) if it raised while starting. So the launcher can tell "still
+loading" from "dead" and never waits forever on a child that is gone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+# spawn, not fork: a forked child would inherit the parent's threads and ZMQ/torch state.
+_CTX = mp.get_context("spawn")
+
+
+class Reporter:
+    """What a child is given to report on its own start-up."""
+
+    def __init__(self, queue: Any, name: str) -> None:
+        self._queue, self.name = queue, name
+
+    def ready(self, info: Any = None) -> None:
+        self._queue.put(("ready", self.name, info))
+
+    def failed(self, error: str) -> None:
+        self._queue.put(("failed", self.name, error))
+
+
+class ReadyQueue:
+    """Where the children of one launcher report."""
+
+    def __init__(self) -> None:
+        self._queue = _CTX.Queue()
+
+    def reporter(self, name: str) -> Reporter:
+        return Reporter(self._queue, name)
+
+    def get(self, timeout: float) -> tuple[str, str, Any] | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A thread that ends this process once its parent is gone, so a parent killed without
+    warning (SIGKILL) leaves no orphans behind."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _child_main(target: Callable[..., None], parent: int, kwargs: dict[str, Any],
+                status: Reporter) -> None:
+    # Ctrl-C reaches the whole process group; only the launcher acts on it, then stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(parent)
+    try:
+        target(**kwargs, status=status)
+    except Exception:
+        status.failed(traceback.format_exc())
+        raise
+
+
+def start_process(target: Callable[..., None], name: str, status: ReadyQueue,
+                  **kwargs: Any) -> BaseProcess:
+    """Run target(**kwargs, status=reporter) in a new process named `name`; the target calls
+    reporter.ready() once it serves."""
+    process = _CTX.Process(target=_child_main, name=name,
+                           args=(target, os.getpid(), kwargs, status.reporter(name)))
+    process.start()
+    return process
+
+
+def wait_ready(processes: list[BaseProcess], status: ReadyQueue, expected: int,
+               timeout: float = 600.0) -> dict[str, Any]:
+    """Wait for `expected` ready reports; their info by name. Raises RuntimeError naming the
+    child that failed or died, or the time that ran out."""
+    infos: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(infos) < expected:
+        report = status.get(timeout=0.2)
+        if report is not None:
+            kind, name, info = report
+            if kind == "failed":
+                raise RuntimeError(f"{name} failed while starting:\n{info}")
+            infos[name] = info
+            continue
+        dead = [p for p in processes if p.exitcode is not None]
+        if dead:
+            time.sleep(0.5)  # a dying child's traceback may still be on its way
+            report = status.get(timeout=0.5)
+            if report is not None and report[0] == "failed":
+                raise RuntimeError(f"{report[1]} failed while starting:\n{report[2]}")
+            raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}" for p in dead)
+                               + " before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(infos)} of {expected} processes were ready "
+                               f"after {timeout:.0f} s")
+    return infos
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (for the TP ranks' rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def stop_processes(processes: list[BaseProcess], timeout: float = 5.0) -> None:
+    """SIGTERM every child, then SIGKILL what is still alive after `timeout` seconds."""
+    for p in processes:
+        if p.exitcode is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.exitcode is None:
+            p.kill()
+            p.join()
