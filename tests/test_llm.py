@@ -101,7 +101,7 @@ def test_eos_that_ends_a_request_is_left_out_of_token_ids(overlap, alone):
     ref = alone[(PROMPTS[0], 10)]
     k = first_new_token(ref)
     llm = make_llm(overlap=overlap)
-    llm.scheduler.eos_token_ids = frozenset({ref[k]})  # the model "emits EOS" at step k
+    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})  # the model "emits EOS" at step k
     (output,) = llm.generate(PROMPTS[:1], greedy(10, ignore_eos=False))
     assert output["token_ids"] == ref[:k]
     assert output["text"] == llm.tokenizer.decode(ref[:k])
@@ -111,7 +111,7 @@ def test_eos_is_kept_with_ignore_eos(alone):
     ref = alone[(PROMPTS[0], 10)]
     k = first_new_token(ref)
     llm = make_llm()
-    llm.scheduler.eos_token_ids = frozenset({ref[k]})
+    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})
     (output,) = llm.generate(PROMPTS[:1], greedy(10, ignore_eos=True))
     assert output["token_ids"] == ref and ref[k] in output["token_ids"]
 
@@ -122,7 +122,7 @@ def test_eos_stops_only_the_request_that_meets_it(alone):
     others = [alone[(p, 10)] for p in PROMPTS[1:]]
     assert all(ref[k] not in o for o in others)
     llm = make_llm()
-    llm.scheduler.eos_token_ids = frozenset({ref[k]})
+    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})
     outputs = llm.generate(PROMPTS, greedy(10, ignore_eos=False))
     assert [o["token_ids"] for o in outputs] == [ref[:k], *others]
 
@@ -132,21 +132,21 @@ def test_eos_stops_only_the_request_that_meets_it(alone):
 def test_mismatched_sampling_params_length_raises_before_queueing(llm):
     with pytest.raises(ValueError, match="3 prompts but 2 sampling params"):
         llm.generate(PROMPTS, [greedy(4), greedy(4)])
-    assert not llm.scheduler.has_work
+    assert not llm.backend.scheduler.has_work
 
 
 @pytest.mark.parametrize("empty", ["", []], ids=["text", "ids"])
 def test_empty_prompt_raises_before_queueing(llm, empty):
     with pytest.raises(ValueError, match="empty"):
         llm.generate([PROMPTS[0], empty], greedy(4))
-    assert not llm.scheduler.has_work
+    assert not llm.backend.scheduler.has_work
 
 
 def test_too_long_prompt_raises_before_queueing():
     llm = make_llm(max_seq_len_override=32)
     with pytest.raises(ValueError, match="max_seq_len is 32"):
         llm.generate([PROMPTS[0], list(range(3, 33))], greedy(4))  # 30 + 4 > 32
-    assert not llm.scheduler.has_work
+    assert not llm.backend.scheduler.has_work
 
 
 def test_a_rejected_call_leaves_the_llm_usable(llm, alone):

@@ -1,1 +1,1 @@
-../../../steps/ch03_models/minisgl/models/__init__.py
+../../../steps/ch16_tensor_parallel/minisgl/models/__init__.py

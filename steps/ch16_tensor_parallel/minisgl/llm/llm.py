@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from minisgl.core import SamplingParams, set_global_ctx
 from minisgl.engine import check_request_fits
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, decode, encode, unbatch
+from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.utils.process import ReadyQueue, stop_processes, wait_ready
@@ -121,6 +122,7 @@ class LLM:
 
     def __init__(self, model_path: str, dtype: torch.dtype = torch.float32, **kwargs: Any) -> None:
         config = SchedulerConfig(model_path=model_path, dtype=dtype, **kwargs)
+        check_tensor_parallel(model_path, config.tp_size)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.backend: InProcess | RankProcesses | None = (
             InProcess(config) if config.tp_size == 1 else RankProcesses.start(config))

@@ -11,6 +11,7 @@ import torch
 
 from minisgl.attention import ATTENTION_BACKENDS
 from minisgl.kvcache import PREFIX_CACHES
+from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import SchedulerConfig
 from minisgl.utils import pick_device
 
@@ -105,6 +106,7 @@ def parse_args(argv: list[str]) -> ServerArgs:
             attention_backend=a.attention_backend, seed=a.seed, cache_type=a.cache_type,
             max_prefill_length=a.max_prefill_length, overlap=not a.disable_overlap,
             tp_size=a.tp)
+        check_tensor_parallel(model, a.tp)
     except ValueError as e:
         parser.error(str(e))
     return ServerArgs(scheduler, a.host, a.port, a.num_tokenizer, model.resolve().name, a.shell)
