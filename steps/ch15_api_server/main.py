@@ -38,7 +38,7 @@ def free_port() -> int:
 def start_server(port: int) -> subprocess.Popen:
     server = subprocess.Popen(
         [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
-         "--max-running-req", "8", "--max-seq-len", "1024"],
+         "--max-running-req", "8", "--max-seq-len", "1024", "--dtype", "float32"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     for line in server.stdout:  # the launcher prints "ready" once the model is loaded

@@ -37,6 +37,9 @@ class Engine:
         self.tp = TPInfo(config.tp_rank, config.tp_size)
         self.device = pick_device(config.device)
         if self.device.type == "cuda" and self.tp.size > 1:  # one GPU per rank
+            if self.tp.size > torch.cuda.device_count():
+                raise ValueError(f"TP size {self.tp.size} needs {self.tp.size} GPUs; "
+                                 f"{torch.cuda.device_count()} are visible")
             self.device = torch.device("cuda", self.tp.rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

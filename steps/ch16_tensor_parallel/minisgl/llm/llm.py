@@ -9,6 +9,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from minisgl.core import SamplingParams, set_global_ctx
+from minisgl.distributed import destroy_distributed
 from minisgl.engine import check_request_fits
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
@@ -50,8 +51,10 @@ class InProcess:
         return out
 
     def shutdown(self) -> None:
-        # The process-global Context still points at the engine's attention backend.
+        # The process-global Context still points at the engine's attention backend, and a
+        # process group (NCCL at world size 1) would stop the next LLM from forming its own.
         set_global_ctx(None)
+        destroy_distributed()
 
 
 @dataclass

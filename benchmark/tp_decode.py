@@ -1,0 +1,76 @@
+"""Decode speed with tensor parallelism: TP=1 against TP=N, at batch 1 and batch 32, in one run.
+
+    python benchmark/tp_decode.py --model models/qwen3-0.6b-random --tp 1 2 --device cuda
+
+Each request has a fixed random prompt; the decode rate is measured as the difference between
+a run of 1 + D output tokens and a run of 1 output token (the prefill cancels out), repeated
+--rounds times, best round kept. The radix cache is off, so the second run does not reuse the
+first one's prompts. The greedy outputs of every TP size are compared with TP=1's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+
+
+def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                        progress=False)
+    return time.perf_counter() - start, [o["token_ids"] for o in outs]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    a = p.parse_args()
+    cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    dtype = getattr(torch, a.dtype or ("bfloat16" if cuda else "float32"))
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, 40000, (max(a.batch), a.prompt_len), generator=gen).tolist()
+    device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
+    print(f"# {a.model} · {dtype} · {device_name} × {torch.cuda.device_count() if cuda else 1}"
+          f" · torch {torch.__version__} · prompt {a.prompt_len} · decode {a.decode} tokens")
+    reference: list[list[int]] | None = None
+    rows = []
+    for tp in a.tp:
+        llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
+                  max_running_req=max(a.batch), max_seq_len_override=a.prompt_len + a.decode + 8)
+        try:
+            timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps
+            for batch in a.batch:
+                best = float("inf")
+                for _ in range(a.rounds):
+                    short, _ = timed(llm, prompts[:batch], 1)
+                    long, outs = timed(llm, prompts[:batch], 1 + a.decode)
+                    best = min(best, long - short)
+                rows.append((tp, batch, batch * a.decode / best, best / a.decode * 1e3))
+                if batch == max(a.batch):
+                    reference = reference or outs
+                    same = outs == reference
+            print(f"TP={tp}: greedy outputs identical to TP={a.tp[0]}: {same}")
+        finally:
+            llm.shutdown()
+    print(f"{'TP':>3} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
+    for tp, batch, rate, ms in rows:
+        print(f"{tp:>3} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

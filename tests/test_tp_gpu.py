@@ -1,0 +1,55 @@
+"""Chapter 16 on CUDA: the NCCL path of the communicator, at world size 1 on one GPU, and TP=2
+when two GPUs are visible. Skips without CUDA."""
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.distributed import (TorchDistributed, TPInfo, destroy_distributed, get_comm,
+                                 init_distributed)
+from minisgl.llm import LLM
+from minisgl.utils.process import free_tcp_port
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):"]
+ARGS = dict(max_running_req=4, num_page_override=512, max_seq_len_override=256)
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    return [o["token_ids"] for o in outs]
+
+
+def test_nccl_collectives_at_world_size_one():
+    device = torch.device("cuda", 0)
+    comm = init_distributed(TPInfo(0, 1), device, f"tcp://127.0.0.1:{free_tcp_port()}")
+    try:
+        assert isinstance(comm, TorchDistributed) and get_comm() is comm
+        assert torch.distributed.get_backend() == "nccl"
+        x = torch.randn(4, 6, device=device)
+        assert torch.equal(comm.all_reduce(x.clone()), x)
+        assert torch.equal(comm.all_gather(x), x)
+        assert comm.min_over_ranks(7) == 7
+    finally:
+        destroy_distributed()
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen3_path", "smollm2_path"])
+def test_nccl_world_size_one_generates_the_same_tokens(model, request):
+    path = str(request.getfixturevalue(model))
+    plain = _tokens(LLM(path, device="cuda", **ARGS))
+    nccl = _tokens(LLM(path, device="cuda", dist_init_address=f"tcp://127.0.0.1:{free_tcp_port()}",
+                       **ARGS))
+    assert nccl == plain
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 if torch.cuda.is_available() else True,
+                    reason="needs 2 GPUs")
+def test_tp2_on_two_gpus_equals_tp1(tiny_qwen3_path):
+    one = _tokens(LLM(str(tiny_qwen3_path), device="cuda", **ARGS))
+    two = _tokens(LLM(str(tiny_qwen3_path), device="cuda", tp_size=2, **ARGS))
+    assert two == one
