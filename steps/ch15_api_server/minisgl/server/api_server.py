@@ -38,9 +38,10 @@ class Generation:
         """The text as it is produced; finish_reason is set once it ends. If the client goes
         away mid-stream, Starlette cancels the task reading us and `finally` aborts the
         request, which frees its KV pages; so does a stop string."""
-        reply = self.first
+        reply, ended = self.first, False
         try:
             while True:
+                ended = reply.finished
                 self.prompt_tokens = reply.prompt_tokens
                 self.completion_tokens += 1
                 text = self.matcher.feed(reply.incremental_output)
@@ -55,10 +56,10 @@ class Generation:
                     return
                 reply = await self.queue.get()
         finally:
-            if self.finish_reason is None or self.matcher.stopped:
-                self.frontend.abort(self.uid)  # gone, or stopped early: free the request
-            else:
+            if ended:
                 self.frontend.done(self.uid)
+            else:  # the client is gone, or a stop string came first: free the request
+                self.frontend.abort(self.uid)
 
 
 def _sse(body: dict[str, Any]) -> str:
