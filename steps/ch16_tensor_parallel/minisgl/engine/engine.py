@@ -36,12 +36,14 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.tp = TPInfo(config.tp_rank, config.tp_size)
         self.device = pick_device(config.device)
-        if self.device.type == "cuda" and self.tp.size > 1:  # one GPU per rank
-            if self.tp.size > torch.cuda.device_count():
-                raise ValueError(f"TP size {self.tp.size} needs {self.tp.size} GPUs; "
-                                 f"{torch.cuda.device_count()} are visible")
-            self.device = torch.device("cuda", self.tp.rank)
         if self.device.type == "cuda":
+            if self.tp.size > 1:  # one GPU per rank
+                if self.tp.size > torch.cuda.device_count():
+                    raise ValueError(f"TP size {self.tp.size} needs {self.tp.size} GPUs; "
+                                     f"{torch.cuda.device_count()} are visible")
+                self.device = torch.device("cuda", self.tp.rank)
+            elif self.device.index is None:
+                self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
         self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
                             else 0)
@@ -77,8 +79,8 @@ class Engine:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * config.memory_ratio)
-        else:
-            budget = config.cpu_kv_cache_bytes
+        else:  # the ranks share the machine's memory: the budget is for all of them
+            budget = config.cpu_kv_cache_bytes // self.tp.size
         num_pages = budget // page_bytes
         if num_pages < 1:
             raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}")

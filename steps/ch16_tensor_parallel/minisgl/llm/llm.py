@@ -11,12 +11,15 @@ from transformers import AutoTokenizer
 from minisgl.core import SamplingParams, set_global_ctx
 from minisgl.distributed import destroy_distributed
 from minisgl.engine import check_request_fits
-from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, decode, encode, unbatch
+from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.utils.process import ReadyQueue, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
+
+
+Request = tuple[int, list[int], SamplingParams]  # uid, prompt ids, sampling
 
 
 class Token(NamedTuple):
@@ -34,9 +37,10 @@ class InProcess:
         self.max_seq_len = self.scheduler.engine.max_seq_len
         self.params: dict[int, SamplingParams] = {}
 
-    def add(self, uid: int, ids: list[int], params: SamplingParams) -> None:
-        self.params[uid] = params
-        self.scheduler.add_request(uid, ids, params)
+    def add(self, requests: list[Request]) -> None:
+        for uid, ids, params in requests:
+            self.params[uid] = params
+            self.scheduler.add_request(uid, ids, params)
 
     @property
     def has_work(self) -> bool:
@@ -75,8 +79,9 @@ class RankProcesses:
             "scheduler", "results", "broadcast", "acks")))
         from_rank0 = PullQueue(addresses.reply, bind=True, decode=decode)
         status = ReadyQueue()
-        processes = start_schedulers(config, addresses, status)
+        processes: list[BaseProcess] = []
         try:
+            processes += start_schedulers(config, addresses, status)
             infos = wait_ready(processes, status, expected=len(processes))
         except BaseException:
             stop_processes(processes)
@@ -85,9 +90,12 @@ class RankProcesses:
         to_rank0 = PushQueue(addresses.inbox, bind=False, encode=encode)
         return cls(processes, to_rank0, from_rank0, infos["scheduler-rank0"]["max_seq_len"])
 
-    def add(self, uid: int, ids: list[int], params: SamplingParams) -> None:
-        self.to_rank0.put(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), params))
-        self.pending += 1
+    def add(self, requests: list[Request]) -> None:
+        # One message: rank 0 takes them all into the same step, as the in-process scheduler
+        # does, so batches (and with them the order of random draws) do not depend on timing.
+        self.to_rank0.put(batched([UserMsg(uid, torch.tensor(ids, dtype=torch.int32), params)
+                                   for uid, ids, params in requests]))
+        self.pending += len(requests)
 
     @property
     def has_work(self) -> bool:
@@ -154,8 +162,7 @@ class LLM:
         uids = list(range(self._next_uid, self._next_uid + len(prompts)))
         self._next_uid += len(prompts)
         outputs: dict[int, list[int]] = {uid: [] for uid in uids}
-        for uid, ids, p in zip(uids, token_ids, params):
-            backend.add(uid, ids, p)
+        backend.add(list(zip(uids, token_ids, params)))
         show = len(prompts) > 16 if progress is None else progress
         with tqdm(total=len(prompts), desc="generate", unit="req", disable=not show) as bar:
             while backend.has_work:

@@ -16,7 +16,8 @@ import msgpack
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                              UserMsg, batched, decode, encode, unbatch)
 from minisgl.distributed import destroy_distributed
-from minisgl.utils.process import ReadyQueue, Reporter, free_tcp_port, start_process
+from minisgl.utils.process import (ReadyQueue, Reporter, free_tcp_port, start_process,
+                                   stop_processes)
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
 
 from .config import SchedulerConfig
@@ -169,8 +170,15 @@ def start_schedulers(config: SchedulerConfig, addresses: SchedulerAddresses,
     """One scheduler process per TP rank, named scheduler-rank0, -rank1, ... Each reports on
     `status`; only rank 0 replies."""
     init = f"tcp://127.0.0.1:{free_tcp_port()}" if config.tp_size > 1 else None
-    return [start_process(run_scheduler, f"scheduler-rank{rank}", status,
-                          config=replace(config, tp_rank=rank, dist_init_address=init),
-                          inbox=addresses.inbox, broadcast=addresses.broadcast,
-                          acks=addresses.acks, reply=addresses.reply if rank == 0 else None)
-            for rank in range(config.tp_size)]
+    processes: list[BaseProcess] = []
+    try:
+        for rank in range(config.tp_size):
+            processes.append(start_process(
+                run_scheduler, f"scheduler-rank{rank}", status,
+                config=replace(config, tp_rank=rank, dist_init_address=init),
+                inbox=addresses.inbox, broadcast=addresses.broadcast, acks=addresses.acks,
+                reply=addresses.reply if rank == 0 else None))
+    except BaseException:  # interrupted half-way: stop the ranks already started
+        stop_processes(processes)
+        raise
+    return processes

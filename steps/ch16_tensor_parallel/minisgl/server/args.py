@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As uvicorn binds: a port left in TIME_WAIT by a server just stopped is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

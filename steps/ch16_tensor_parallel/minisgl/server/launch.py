@@ -57,18 +57,19 @@ def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
     inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
     detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
     status = ReadyQueue()
-    processes = start_schedulers(args.scheduler, SchedulerAddresses(
-        scheduler_inbox, detokenizer, address("broadcast"), address("acks")), status)
+    backend = Backend([], inboxes, frontend, 0, run_id)
     names = [f"tokenizer-{i}" for i in range(len(inboxes))]
     if args.num_tokenizer > 0:
         inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
-    for name, inbox in zip(names, inboxes):
-        processes.append(start_process(
-            run_tokenizer, name, status, model_path=args.scheduler.model_path, inbox=inbox,
-            bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
-    backend = Backend(processes, inboxes[: max(args.num_tokenizer, 1)], frontend, 0, run_id)
-    try:
-        infos = wait_ready(processes, status, expected=len(processes), timeout=startup_timeout)
+    try:  # everything started so far is stopped if anything (a signal too) interrupts us
+        backend.processes += start_schedulers(args.scheduler, SchedulerAddresses(
+            scheduler_inbox, detokenizer, address("broadcast"), address("acks")), status)
+        for name, inbox in zip(names, inboxes):
+            backend.processes.append(start_process(
+                run_tokenizer, name, status, model_path=args.scheduler.model_path,
+                inbox=inbox, bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
+        infos = wait_ready(backend.processes, status, expected=len(backend.processes),
+                           timeout=startup_timeout)
     except BaseException:
         backend.stop()
         raise
@@ -115,7 +116,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     print(f"minisgl: loading {args.scheduler.model_path} ...", flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # while loading, SIGTERM acts like Ctrl-C
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM acts like Ctrl-C, until uvicorn's
     try:
         backend = start_backend(args)
     except RuntimeError as e:
@@ -129,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             run_shell(backend.tokenizer_inboxes, backend.frontend, backend.max_seq_len)
         else:
             serve(args, backend)
+    except KeyboardInterrupt:
+        pass  # a signal just before uvicorn took over: stop as usual
     finally:
+        for s in (signal.SIGINT, signal.SIGTERM):  # stopping the children must not be cut short
+            signal.signal(s, signal.SIG_IGN)
         backend.stop()
         print("minisgl: stopped", flush=True)
     return 0

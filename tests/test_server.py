@@ -1,0 +1,642 @@
+"""Chapter 15: the OpenAI-compatible server, tested as a reader would use it.
+
+Every test talks to a real `python -m minisgl` (tiny-qwen3 on the CPU) over real HTTP on
+127.0.0.1. Three servers serve most tests, one per module-scoped fixture:
+
+- `server`: the defaults (one tokenizer process, the model's context of 4,096 tokens);
+- `server2`: `--num-tokenizer 2` (two tokenizers and a detokenizer);
+- `small`: `--max-seq-len 128`, so that a chat without max_tokens fills its context quickly.
+
+The shutdown tests come last: the SIGINT and SIGTERM tests stop `server` and `small`, the
+last users of those fixtures; every fixture's teardown still checks that its server exited
+with code 0 and left no child process and no IPC socket file behind. The shell, SIGKILL,
+loading and launcher-error tests start processes of their own.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "tiny-qwen3"
+START_TIMEOUT = 180.0  # seconds until "ready"; tiny-qwen3 needs a few
+STOP_TIMEOUT = 15.0  # seconds from SIGINT/SIGTERM to exit code 0
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
+           "The quick brown fox", "In 1969, astronauts", "My favourite food is",
+           "Water boils at", "Seven plus five equals"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent has not collected it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running after `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+def minisgl_env() -> dict[str, str]:
+    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+class Process:
+    """A `python -m minisgl` child: its output is read by a thread into `lines`, so the pipe
+    never fills up and the test can wait for a given line."""
+
+    def __init__(self, *args: str, stdin: bool = False) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", *args], cwd=ROOT, env=minisgl_env(),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.children: list[int] = []
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def output(self) -> str:
+        with self.changed:
+            return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
+        """Until some output line contains `text`; fails if the process exits first."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not any(text in line for line in self.lines):
+                if not self.reader.is_alive() or self.popen.poll() is not None:
+                    pytest.fail(f"minisgl exited ({self.popen.poll()}) before printing "
+                                f"{text!r}:\n{''.join(self.lines)}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{''.join(self.lines)}")
+                self.changed.wait(0.2)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
+        """Send `sig` and wait for the exit code (SIGKILL after `timeout`, then fail)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            pytest.fail(f"minisgl did not exit within {timeout} s of {sig!r}:\n{self.output}")
+        self.reader.join(5)
+        return code
+
+    def socket_files(self) -> list[str]:
+        """The IPC socket files of this server's run (their names start with its pid)."""
+        return glob.glob(os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*"))
+
+
+class Server(Process):
+    """A server that is up: `ready` printed, its children recorded."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        super().__init__("--model", str(MODEL), "--port", str(self.port), *args)
+        try:
+            self.wait_for("minisgl: ready")
+        except BaseException:
+            self.stop(signal.SIGKILL)
+            raise
+        self.children = children_of(self.pid)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.openai = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
+
+    def completion(self, prompt: str, **fields) -> dict:
+        r = self.http.post("/v1/completions", json={"prompt": prompt, **fields})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def stats(self) -> dict[str, int]:
+        r = self.http.get("/stats")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def idle_stats(self, timeout: float = 10.0) -> dict[str, int]:
+        """/stats once no request is running or waiting (an abort travels through two
+        processes before the scheduler frees the request)."""
+        deadline = time.monotonic() + timeout
+        stats = self.stats()
+        while (stats["running"] or stats["waiting"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            stats = self.stats()
+        return stats
+
+    def shut_down(self, sig: int = signal.SIGTERM) -> int:
+        self.http.close()
+        self.openai.close()
+        return self.stop(sig)
+
+
+def assert_stopped_cleanly(proc: Process, code: int, expected_code: int = 0) -> None:
+    assert code == expected_code, proc.output
+    assert "minisgl: stopped" in proc.output or expected_code != 0
+    assert not wait_all_gone(proc.children, timeout=5.0), "children left running"
+    assert not proc.socket_files()
+
+
+def serve(*args: str):
+    """The body of a server fixture: start, yield, stop with SIGTERM unless a test has
+    stopped it already, and check that nothing is left behind."""
+    server = Server(*args)
+    try:
+        yield server
+    finally:
+        already = server.popen.poll() is not None
+        code = server.shut_down(signal.SIGTERM)
+        if not already:  # a shutdown test has checked its own exit already
+            assert_stopped_cleanly(server, code)
+        assert not wait_all_gone(server.children, timeout=5.0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve()
+
+
+@pytest.fixture(scope="module")
+def server2():
+    yield from serve("--num-tokenizer", "2")
+
+
+@pytest.fixture(scope="module")
+def small():
+    yield from serve("--max-seq-len", "128")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(MODEL)
+
+
+def greedy(server: Server, prompt: str, n: int = 16, **fields) -> dict:
+    return server.completion(prompt, max_tokens=n, temperature=0, ignore_eos=True, **fields)
+
+
+def sse_events(lines: list[str]) -> list[str]:
+    """The payloads of an SSE stream: each event is one `data: ...` line and a blank line."""
+    assert lines and all(line.startswith("data: ") for line in lines[::2]), lines
+    assert all(line == "" for line in lines[1::2]), lines
+    return [line[len("data: "):] for line in lines[::2]]
+
+
+def stream_lines(server: Server, path: str, body: dict) -> list[str]:
+    with server.http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return list(r.iter_lines())
+
+
+# ----------------------------------------------------------------------------------------------
+# Endpoints
+
+
+def test_health(server):
+    r = server.http.get("/health")
+    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+
+
+def test_models_names_the_model_directory_and_its_context(server):
+    body = server.http.get("/v1/models").json()
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert model["id"] == "tiny-qwen3"
+    assert model["max_model_len"] == 4096
+    assert [m.id for m in server.openai.models.list()] == ["tiny-qwen3"]
+
+
+def test_completion_reports_length_and_usage(server, tokenizer):
+    prompt = PROMPTS[0]
+    body = greedy(server, prompt, n=8)
+    assert body["object"] == "text_completion"
+    [choice] = body["choices"]
+    assert choice["finish_reason"] == "length"
+    assert choice["text"]
+    prompt_tokens = len(tokenizer(prompt).input_ids)
+    assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 8,
+                             "total_tokens": prompt_tokens + 8}
+
+
+def test_completion_max_tokens_defaults_to_16(server):
+    body = server.completion(PROMPTS[1], temperature=0, ignore_eos=True)
+    assert body["usage"]["completion_tokens"] == 16
+
+
+def test_completion_stream_is_sse_ending_in_done_and_joins_to_the_same_text(server):
+    prompt = PROMPTS[1]
+    events = sse_events(stream_lines(server, "/v1/completions", {
+        "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [
+        "length"]
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert streamed == greedy(server, prompt, n=12)["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """The offline engine of chapter 11, in this process, on the same checkpoint."""
+    from minisgl.llm import LLM
+
+    llm = LLM(str(MODEL), max_running_req=4, num_page_override=1024, max_seq_len_override=256)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_greedy_completion_equals_offline_llm(server, offline, prompt):
+    from minisgl.core import SamplingParams
+
+    [expected] = offline.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
+    assert greedy(server, prompt)["choices"][0]["text"] == expected["text"]
+
+
+def chat_prompt_tokens(tokenizer, messages: list[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def test_chat_with_the_openai_client_stream_and_non_stream_agree(server, tokenizer):
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name a colour."}]
+    args = dict(model="tiny-qwen3", messages=messages, max_tokens=10, temperature=0,
+                extra_body={"ignore_eos": True})
+    whole = server.openai.chat.completions.create(**args)
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason == "length"
+    prompt_tokens = chat_prompt_tokens(tokenizer, messages)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens,
+            whole.usage.total_tokens) == (prompt_tokens, 10, prompt_tokens + 10)
+
+    chunks = list(server.openai.chat.completions.create(
+        **args, stream=True, stream_options={"include_usage": True}))
+    first, *middle, last, usage = chunks
+    assert first.choices[0].delta.role == "assistant" and not first.choices[0].delta.content
+    assert all(c.choices[0].delta.role is None for c in middle)
+    assert "".join(c.choices[0].delta.content for c in middle) == whole.choices[0].message.content
+    assert last.choices[0].finish_reason == "length" and not last.choices[0].delta.content
+    assert usage.choices == [] and usage.usage == whole.usage
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+
+
+def test_chat_stream_has_no_usage_chunk_unless_asked(server):
+    chunks = list(server.openai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+        stream=True))
+    assert all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
+
+
+def test_chat_max_completion_tokens_is_max_tokens(server):
+    r = server.openai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], temperature=0,
+        max_completion_tokens=5, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+
+
+def middle_word(text: str) -> str:
+    """A piece from the middle of `text` that starts a word (so it is found there first)."""
+    start = text.index(" ", len(text) // 3)
+    return text[start : start + 4]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_the_text_right_before_it(server, stream):
+    prompt = PROMPTS[2]
+    full = greedy(server, prompt, n=24)["choices"][0]["text"]
+    stop = middle_word(full)
+    expected = full[: full.index(stop)]
+    assert 0 < len(expected) < len(full)
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "stop": [stop, "\x00not in the text"]}
+    if stream:
+        chunks = [json.loads(e) for e in sse_events(stream_lines(
+            server, "/v1/completions", body))[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        finish = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        r = server.completion(**body)
+        text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+        assert r["usage"]["completion_tokens"] < 24
+    assert (text, finish) == (expected, "stop")
+    # The stop string aborted the request: it no longer runs and its pages are back.
+    stats = server.idle_stats()
+    assert stats["running"] == 0 and stats["free_pages"] + stats["cached_pages"] == \
+        stats["num_pages"]
+
+
+def test_stop_string_that_never_occurs_changes_nothing(server):
+    full = greedy(server, PROMPTS[2], n=24)
+    stopped = greedy(server, PROMPTS[2], n=24, stop="\x00never")
+    assert stopped["choices"] == full["choices"]
+    assert stopped["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_without_max_tokens_fills_the_context(small, tokenizer):
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    r = small.openai.chat.completions.create(model="m", messages=messages, temperature=0)
+    # tiny-qwen3 has random weights and does not say EOS here: the answer ends at the context.
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == chat_prompt_tokens(tokenizer, messages)
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 128
+
+
+def test_max_tokens_that_fit_exactly_are_accepted(small, tokenizer):
+    prompt = PROMPTS[0]
+    room = 128 - len(tokenizer(prompt).input_ids)
+    r = small.completion(prompt, max_tokens=room, temperature=0, ignore_eos=True)
+    assert r["usage"]["total_tokens"] == 128
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors: an OpenAI-style body, and the server keeps serving
+
+
+BAD_REQUESTS = {
+    "malformed JSON": ("/v1/completions", b'{"prompt": "x",', "not valid JSON"),
+    "missing prompt": ("/v1/completions", {"max_tokens": 4}, "prompt"),
+    "prompt not a string": ("/v1/completions", {"prompt": 5}, "prompt"),
+    "messages empty": ("/v1/chat/completions", {"messages": []}, "messages"),
+    "role invalid": ("/v1/chat/completions",
+                     {"messages": [{"role": "robot", "content": "hi"}]}, "role"),
+    "max_tokens 0": ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    "max_tokens negative": ("/v1/completions", {"prompt": "x", "max_tokens": -3}, "max_tokens"),
+    "max_tokens too large": ("/v1/completions", {"prompt": "x", "max_tokens": 4096},
+                             "context holds 4096"),
+    "prompt longer than the context": ("/v1/completions",
+                                       {"prompt": "hi " * 5000, "max_tokens": 8},
+                                       "max_seq_len is 4,096"),
+    "prompt too long, streaming": ("/v1/chat/completions",
+                                   {"messages": [{"role": "user", "content": "hi " * 5000}],
+                                    "max_tokens": 8, "stream": True}, "max_seq_len is 4,096"),
+    "temperature negative": ("/v1/completions", {"prompt": "x", "temperature": -0.5},
+                             "temperature"),
+    "top_p 0": ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    "top_p 1.5": ("/v1/chat/completions",
+                  {"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, "top_p"),
+    "top_k 0": ("/v1/completions", {"prompt": "x", "top_k": 0}, "top_k"),
+    "n 2": ("/v1/completions", {"prompt": "x", "n": 2}, "n must be 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_request_gets_an_openai_400_and_the_server_keeps_serving(server, case):
+    path, body, mentions = BAD_REQUESTS[case]
+    if isinstance(body, bytes):
+        r = server.http.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = server.http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert mentions in error["message"] or mentions == error["param"], error
+    assert {"message", "type", "param", "code"} <= error.keys()
+    assert greedy(server, "still there?", n=2)["usage"]["completion_tokens"] == 2
+
+
+def test_openai_client_raises_bad_request_error(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.openai.completions.create(model="m", prompt="x", max_tokens=1, top_p=1.5)
+    assert "top_p" in e.value.body["message"]
+
+
+def test_unknown_path_is_an_openai_404(server):
+    r = server.http.get("/v1/nothing-here")
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "not_found_error"
+
+
+def test_stats_account_for_every_page(server):
+    stats = server.idle_stats()
+    assert {"num_pages", "free_pages", "cached_pages", "locked_pages", "running", "waiting",
+            "rows_free"} <= stats.keys()
+    assert stats["locked_pages"] == 0 and stats["running"] == stats["waiting"] == 0
+    assert stats["free_pages"] + stats["cached_pages"] == stats["num_pages"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Disconnects and concurrency
+
+
+def disconnect_mid_stream(server: Server, prompt: str, events: int = 3) -> None:
+    """Start a request that would run for minutes, read a few events, hang up."""
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json={
+                "prompt": prompt, "max_tokens": 4000, "ignore_eos": True, "temperature": 0,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            got = [line for _, line in zip(range(2 * events), r.iter_lines()) if line]
+            assert len(got) == events
+
+
+def assert_pages_come_back(server: Server, timeout: float = 5.0) -> None:
+    # 4,000 tokens take far longer than `timeout`: running == 0 means it was aborted.
+    deadline = time.monotonic() + timeout
+    stats = server.stats()
+    while stats["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        stats = server.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0, stats
+    assert stats["locked_pages"] == 0, stats
+    assert stats["free_pages"] + stats["cached_pages"] == stats["num_pages"], stats
+
+
+def test_client_that_disconnects_mid_stream_is_aborted_and_its_pages_freed(server):
+    disconnect_mid_stream(server, "A story that never ends:")
+    assert_pages_come_back(server)
+
+
+def test_eight_concurrent_requests_each_equal_the_request_alone(server):
+    alone = [greedy(server, p, n=10)["choices"][0]["text"] for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda p: greedy(server, p, n=10)["choices"][0]["text"],
+                                 PROMPTS))
+    assert together == alone
+
+
+def test_two_tokenizers_give_the_same_outputs(server, server2):
+    assert len(server2.children) >= len(server.children) + 2  # +1 tokenizer, +1 detokenizer
+    for prompt in PROMPTS[:4]:  # uids alternate, so both tokenizers take part
+        assert greedy(server2, prompt, n=8)["choices"] == greedy(server, prompt, n=8)["choices"]
+    messages = [{"role": "user", "content": "Hello"}]
+    chat = [s.openai.chat.completions.create(model="m", messages=messages, max_tokens=8,
+                                             temperature=0).choices[0].message.content
+            for s in (server, server2)]
+    assert chat[0] == chat[1]
+
+
+def test_two_tokenizers_still_abort_and_free_pages(server2):
+    for prompt in ["A first story:", "A second story:"]:  # consecutive uids: one abort
+        disconnect_mid_stream(server2, prompt)           # through each tokenizer
+    assert_pages_come_back(server2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The shell
+
+
+def test_shell_answers_resets_and_exits(small):
+    # The same greedy answer as the HTTP chat on a server with the same context.
+    expected = small.openai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hello"}], temperature=0)
+    shell = Process("--model", str(MODEL), "--shell", "--max-seq-len", "128", stdin=True)
+    try:
+        shell.wait_for("/reset")  # the help line: the backend is up
+        shell.children = children_of(shell.pid)
+        assert shell.popen.stdin is not None
+        shell.popen.stdin.write("Hello\n/reset\n/exit\n")
+        shell.popen.stdin.flush()
+        code = shell.popen.wait(timeout=60)
+    finally:
+        if shell.popen.poll() is None:
+            shell.stop(signal.SIGKILL)
+    shell.reader.join(5)
+    assert_stopped_cleanly(shell, code)
+    assert len(shell.children) >= 2
+    assert expected.choices[0].message.content in shell.output
+    assert "(conversation cleared)" in shell.output
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher errors: caught before anything is loaded
+
+
+def run_minisgl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minisgl", *args], cwd=ROOT, env=minisgl_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_missing_model_exits_2_with_a_clear_message(tmp_path):
+    r = run_minisgl("--model", str(tmp_path / "no-such-model"))
+    assert r.returncode == 2
+    assert "no-such-model" in r.stderr and "config.json" in r.stderr
+    assert "loading" not in r.stdout
+
+
+def test_busy_port_exits_2_naming_the_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_minisgl("--model", str(MODEL), "--port", str(port))
+    assert r.returncode == 2
+    assert f"port {port}" in r.stderr and "in use" in r.stderr
+    assert "loading" not in r.stdout
+
+
+def test_help_lists_the_options():
+    r = run_minisgl("--help")
+    assert r.returncode == 0
+    for option in ["--model", "--host", "--port", "--num-tokenizer", "--cache-type",
+                   "--page-size", "--max-running-req", "--max-seq-len", "--shell"]:
+        assert option in r.stdout, option
+
+
+# ----------------------------------------------------------------------------------------------
+# Shutdown (last: the first two stop the servers of the fixtures above)
+
+
+def test_sigint_stops_the_server_and_all_its_children(server):
+    assert len(server.children) >= 2  # the scheduler and the tokenizer, at least
+    assert server.socket_files()
+    assert_stopped_cleanly(server, server.shut_down(signal.SIGINT))
+
+
+def test_sigterm_stops_the_server_and_all_its_children(small):
+    assert_stopped_cleanly(small, small.shut_down(signal.SIGTERM))
+
+
+def test_children_exit_on_their_own_when_the_server_is_killed():
+    server = Server()
+    try:
+        assert len(server.children) >= 2
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        # Nobody stops them: each child sees its parent gone and exits.
+        assert not wait_all_gone(server.children, timeout=10.0)
+    finally:
+        for path in server.socket_files():  # a killed launcher cannot clean up
+            os.unlink(path)
+
+
+def test_sigterm_while_loading_stops_cleanly():
+    proc = Process("--model", str(MODEL), "--port", str(free_port()))
+    try:
+        proc.wait_for("minisgl: loading")
+        deadline = time.monotonic() + 60
+        # The resource tracker of multiprocessing, the scheduler and the tokenizer.
+        while len(children_of(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.children = children_of(proc.pid)
+        assert len(proc.children) >= 3
+        time.sleep(0.3)
+        code = proc.stop(signal.SIGTERM)
+    finally:
+        if proc.popen.poll() is None:
+            proc.stop(signal.SIGKILL)
+    assert "ready" not in proc.output
+    assert "interrupted while loading" in proc.output
+    assert code == 130  # like Ctrl-C
+    assert not wait_all_gone(proc.children, timeout=5.0)
+    assert not proc.socket_files()

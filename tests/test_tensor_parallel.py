@@ -1,0 +1,701 @@
+"""Chapter 16: tensor parallelism on the CPU, with real processes talking over gloo.
+
+- Outputs: LLM(tp_size=N) gives the same token ids as tp_size=1 — tiny-qwen3 at TP=2,
+  tiny-llama at TP=4 (greedy, and seeded sampling with one request per call), SmolLM2 at TP=3.
+- Sharded loading, in this process (set_tp_info, then load_model): each rank's shapes, and the
+  ranks' shards put back together are exactly the checkpoint's tensors; no rank reads a
+  sharded tensor whole; a vocabulary that does not divide is padded with zero rows.
+- A spawned gloo group of 3: the collectives, a vocab-parallel Embedding and LMHead equal to
+  the unsharded ones; a group of 2 building Engines: local KV heads, num_pages = min over ranks.
+- Start-up: head counts that do not divide fail before any process starts (LLM and
+  `python -m minisgl`); a rank that dies while loading is named, and nothing is left running.
+- The server with --tp 2 answers like TP=1 and stops cleanly; CPU threads = cores // TP.
+
+Every LLM or server with TP > 1 is started once per module (module-scoped fixtures): on a
+2-core machine each start costs several seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import minisgl.utils.device as device_module
+from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_QWEN3
+from minisgl.core import SamplingParams
+from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_info,
+                                 init_distributed, set_tp_info)
+from minisgl.layers import Embedding, LMHead, vocab_shard
+from minisgl.utils import configure_cpu_threads
+from minisgl.utils.process import free_tcp_port
+
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
+           "The sun rises in the"]
+OPTIONS = dict(max_running_req=4, num_page_override=512, max_seq_len_override=128)
+GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+# top_k/top_p filter too, so the sampled path is the full one.
+SAMPLED = SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, top_k=200, top_p=0.95)
+START_TIMEOUT = 180.0
+
+
+# ----------------------------------------------------------------------------------------------
+# LLM runs: each (model, TP) is started once, runs everything its tests compare, and stops.
+
+
+def llm_runs(model: str, tp: int, prompts: list[str], greedy: SamplingParams,
+             sampled: bool) -> dict[str, list[list[int]]]:
+    """Token ids of one greedy generate over all `prompts`; with `sampled`, also one sampled
+    generate over all of them (LLM sends a call's requests as one message, so rank 0 takes
+    them into the same step as the in-process scheduler does: the batches — and with them
+    the order in which the seeded generator is drawn from — are the same at any TP size)."""
+    from minisgl.llm import LLM
+
+    llm = LLM(str(MODELS_DIR / model), dtype=torch.float32, tp_size=tp, **OPTIONS)
+    try:
+        runs = {"greedy": [o["token_ids"] for o in llm.generate(prompts, greedy)]}
+        if sampled:
+            runs["sampled"] = [o["token_ids"] for o in llm.generate(prompts, SAMPLED)]
+        runs["text"] = [llm.tokenizer.decode(ids) for ids in runs["greedy"]]
+    finally:
+        llm.shutdown()
+    return runs
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> dict[int, dict]:
+    return {tp: llm_runs(TINY_QWEN3, tp, PROMPTS, GREEDY, sampled=True) for tp in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def llama() -> dict[int, dict]:
+    return {tp: llm_runs(TINY_LLAMA, tp, PROMPTS, GREEDY, sampled=True) for tp in (1, 4)}
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> dict[int, dict]:
+    short = SamplingParams(max_tokens=8, ignore_eos=True)
+    return {tp: llm_runs(SMOLLM2, tp, PROMPTS[:2], short, sampled=False) for tp in (1, 3)}
+
+
+def test_tiny_qwen3_tp2_greedy_equals_tp1(qwen3):
+    assert all(len(ids) == GREEDY.max_tokens for ids in qwen3[2]["greedy"])
+    assert qwen3[2]["greedy"] == qwen3[1]["greedy"]
+
+
+def test_tiny_llama_tp4_greedy_equals_tp1(llama):
+    # Four ranks of one KV head each; the tied LM head reuses each rank's embedding rows.
+    assert all(len(ids) == GREEDY.max_tokens for ids in llama[4]["greedy"])
+    assert llama[4]["greedy"] == llama[1]["greedy"]
+
+
+def test_smollm2_tp3_greedy_equals_tp1(smollm2):
+    assert smollm2[3]["greedy"] == smollm2[1]["greedy"]
+    assert smollm2[1]["text"][0].startswith(" Paris")
+
+
+@pytest.mark.parametrize("fixture, tp", [("qwen3", 2), ("llama", 4)])
+def test_seeded_sampling_equals_tp1(request, fixture, tp):
+    # Logits are gathered whole on every rank and every rank's generator has the same seed,
+    # so each rank draws what TP=1 draws. Had one rank drawn another token, its next step
+    # would compute a different sequence and the sums would be garbage from there on.
+    runs = request.getfixturevalue(fixture)
+    assert runs[tp]["sampled"] == runs[1]["sampled"]
+    assert runs[1]["sampled"] != runs[1]["greedy"]  # it did sample
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded loading in this process: pretend to be rank r of N while loading.
+
+
+def load_as(path: Path, rank: int, size: int):
+    from minisgl.models import load_model
+
+    set_tp_info(TPInfo(rank, size))
+    try:
+        return load_model(path)
+    finally:
+        set_tp_info(TPInfo())
+
+
+def param_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint() -> dict[str, torch.Tensor]:
+    """tiny-qwen3's tensors as stored, under the checkpoint's own names."""
+    with safe_open(MODELS_DIR / TINY_QWEN3 / "model.safetensors", framework="pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+@pytest.fixture(scope="module")
+def qwen3_shards() -> dict[int, list]:
+    """tiny-qwen3 loaded as every rank of TP=2 and TP=4 (and whole, TP=1)."""
+    path = MODELS_DIR / TINY_QWEN3
+    return {n: [load_as(path, r, n) for r in range(n)] for n in (1, 2, 4)}
+
+
+def test_loading_restores_the_tp_info():
+    load_as(MODELS_DIR / TINY_QWEN3, 1, 2)
+    assert get_tp_info() == TPInfo()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_each_rank_holds_its_shapes(qwen3_shards, n):
+    # tiny-qwen3: 8 query heads, 4 KV heads of 32, hidden 128, intermediate 256, vocab 49,152.
+    q, kv, d, h, i, v = 8, 4, 32, 128, 256, 49152
+    for model in qwen3_shards[n]:
+        layer = model.model.layers[0]
+        assert layer.self_attn.qkv_proj.weight.shape == ((q + 2 * kv) * d // n, h)
+        assert layer.self_attn.o_proj.weight.shape == (h, q * d // n)
+        assert layer.mlp.gate_up_proj.weight.shape == (2 * i // n, h)
+        assert layer.mlp.down_proj.weight.shape == (h, i // n)
+        assert model.model.embed_tokens.weight.shape == (v // n, h)
+        assert model.lm_head.weight.shape == (v // n, h)  # untied in tiny-qwen3
+        assert layer.self_attn.q_norm.weight.shape == (d,)  # replicated
+
+
+def test_tp2_shapes_spelled_out(qwen3_shards):
+    layer = qwen3_shards[2][1].model.layers[3]
+    assert [tuple(layer.self_attn.qkv_proj.weight.shape), tuple(layer.self_attn.o_proj.weight.shape),
+            tuple(layer.mlp.gate_up_proj.weight.shape), tuple(layer.mlp.down_proj.weight.shape)] \
+        == [(256, 128), (128, 128), (256, 128), (128, 128)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_qkv_shards_are_head_blocks_that_rebuild_q_k_v(qwen3_shards, qwen3_checkpoint, n):
+    q_rows, kv_rows = 8 * 32 // n, 4 * 32 // n  # this rank's q heads, its k (and v) heads
+    for layer_id in range(4):
+        prefix = f"model.layers.{layer_id}.self_attn."
+        shards = [m.model.layers[layer_id].self_attn.qkv_proj.weight for m in qwen3_shards[n]]
+        q = torch.cat([s[:q_rows] for s in shards])
+        k = torch.cat([s[q_rows : q_rows + kv_rows] for s in shards])
+        v = torch.cat([s[q_rows + kv_rows :] for s in shards])
+        assert torch.equal(q, qwen3_checkpoint[prefix + "q_proj.weight"])
+        assert torch.equal(k, qwen3_checkpoint[prefix + "k_proj.weight"])
+        assert torch.equal(v, qwen3_checkpoint[prefix + "v_proj.weight"])
+
+
+def test_qkv_shard_is_not_a_contiguous_slice_of_the_fused_matrix(qwen3_shards):
+    # Rank 0's first fused rows are q heads 0-3, but then come k heads 0-1, not q heads 4-7.
+    whole = qwen3_shards[1][0].model.layers[0].self_attn.qkv_proj.weight
+    rank0 = qwen3_shards[2][0].model.layers[0].self_attn.qkv_proj.weight
+    assert torch.equal(rank0[:128], whole[:128])
+    assert not torch.equal(rank0, whole[: len(rank0)])
+    assert torch.equal(rank0[128:192], whole[256:320])  # k heads 0-1 of the full fused matrix
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_gate_up_shards_rebuild_gate_and_up(qwen3_shards, qwen3_checkpoint, n):
+    rows = 256 // n
+    shards = [m.model.layers[2].mlp.gate_up_proj.weight for m in qwen3_shards[n]]
+    gate = torch.cat([s[:rows] for s in shards])
+    up = torch.cat([s[rows:] for s in shards])
+    assert torch.equal(gate, qwen3_checkpoint["model.layers.2.mlp.gate_proj.weight"])
+    assert torch.equal(up, qwen3_checkpoint["model.layers.2.mlp.up_proj.weight"])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_row_parallel_shards_are_column_blocks(qwen3_shards, qwen3_checkpoint, n):
+    for name, get in [("self_attn.o_proj", lambda l: l.self_attn.o_proj.weight),
+                      ("mlp.down_proj", lambda l: l.mlp.down_proj.weight)]:
+        shards = [get(m.model.layers[1]) for m in qwen3_shards[n]]
+        assert torch.equal(torch.cat(shards, dim=1),
+                           qwen3_checkpoint[f"model.layers.1.{name}.weight"])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_vocab_shards_are_row_blocks(qwen3_shards, qwen3_checkpoint, n):
+    embed = torch.cat([m.model.embed_tokens.weight for m in qwen3_shards[n]])
+    head = torch.cat([m.lm_head.weight for m in qwen3_shards[n]])
+    assert torch.equal(embed, qwen3_checkpoint["model.embed_tokens.weight"])
+    assert torch.equal(head, qwen3_checkpoint["lm_head.weight"])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_norms_are_replicated_and_no_rank_holds_the_model(qwen3_shards, n):
+    whole = qwen3_shards[1][0].state_dict()
+    replicated = {k: t for k, t in whole.items() if k.endswith("norm.weight")}
+    extra = sum(t.numel() * t.element_size() for t in replicated.values())
+    for model in qwen3_shards[n]:
+        state = model.state_dict()
+        assert all(torch.equal(state[k], t) for k, t in replicated.items())
+        assert param_bytes(model) < param_bytes(qwen3_shards[1][0]) / n + extra
+    # The shards add up to the model once, plus a copy of every norm on each further rank.
+    total = sum(param_bytes(m) for m in qwen3_shards[n])
+    assert total == param_bytes(qwen3_shards[1][0]) + (n - 1) * extra
+
+
+class RecordingFile:
+    """A safetensors file handle that records which tensors were read whole."""
+
+    def __init__(self, f) -> None:
+        self.f, self.whole = f, []
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        self.whole.append(name)
+        return self.f.get_tensor(name)
+
+    def get_slice(self, name: str):
+        return self.f.get_slice(name)
+
+
+def test_a_rank_reads_only_replicated_tensors_whole():
+    from minisgl.models.weight import read_shard
+
+    set_tp_info(TPInfo(1, 2))
+    try:
+        with safe_open(MODELS_DIR / TINY_QWEN3 / "model.safetensors", framework="pt") as f:
+            recording = RecordingFile(f)
+            names = list(f.keys())
+            for name in names:
+                read_shard(recording, name)
+    finally:
+        set_tp_info(TPInfo())
+    assert recording.whole and all(name.endswith("norm.weight") for name in recording.whole)
+    assert len(recording.whole) == sum(name.endswith("norm.weight") for name in names)
+
+
+@pytest.fixture
+def uneven_checkpoint(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A synthetic file: a vocabulary of 10 rows (not a multiple of 3), biases of both kinds."""
+    tensors = {
+        "model.embed_tokens.weight": torch.arange(40.0).reshape(10, 4),
+        "lm_head.weight": -torch.arange(40.0).reshape(10, 4),
+        "model.layers.0.self_attn.q_proj.bias": torch.arange(6.0),
+        "model.layers.0.self_attn.o_proj.weight": torch.arange(24.0).reshape(4, 6),
+        "model.layers.0.self_attn.o_proj.bias": torch.arange(4.0),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, path)
+    return path, tensors
+
+
+def read_as_ranks(path: Path, name: str, size: int) -> list[torch.Tensor]:
+    from minisgl.models.weight import read_shard
+
+    parts = []
+    with safe_open(path, framework="pt") as f:
+        for rank in range(size):
+            set_tp_info(TPInfo(rank, size))
+            try:
+                parts.append(read_shard(f, name))
+            finally:
+                set_tp_info(TPInfo())
+    return parts
+
+
+def test_vocab_shard_rounds_up_and_the_last_rank_is_padded():
+    starts = []
+    for rank in range(3):
+        set_tp_info(TPInfo(rank, 3))
+        try:
+            starts.append(vocab_shard(10))
+        finally:
+            set_tp_info(TPInfo())
+    assert starts == [(0, 4), (4, 4), (8, 4)]
+
+
+@pytest.mark.parametrize("name", ["model.embed_tokens.weight", "lm_head.weight"])
+def test_an_uneven_vocabulary_is_padded_with_zero_rows(uneven_checkpoint, name):
+    path, tensors = uneven_checkpoint
+    parts = read_as_ranks(path, name, 3)
+    assert [tuple(p.shape) for p in parts] == [(4, 4)] * 3
+    joined = torch.cat(parts)
+    assert torch.equal(joined[:10], tensors[name])
+    assert torch.equal(joined[10:], torch.zeros(2, 4))
+
+
+def test_biases_column_parallel_split_row_parallel_whole(uneven_checkpoint):
+    path, tensors = uneven_checkpoint
+    q_bias = read_as_ranks(path, "model.layers.0.self_attn.q_proj.bias", 2)
+    assert [p.tolist() for p in q_bias] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    o_bias = read_as_ranks(path, "model.layers.0.self_attn.o_proj.bias", 2)
+    assert all(torch.equal(p, tensors["model.layers.0.self_attn.o_proj.bias"]) for p in o_bias)
+    o_weight = read_as_ranks(path, "model.layers.0.self_attn.o_proj.weight", 2)
+    assert [tuple(p.shape) for p in o_weight] == [(4, 3), (4, 3)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Spawned gloo groups. The workers are top-level functions: a spawned child imports this
+# module to find them, so the module's own imports stay light (no transformers at the top).
+
+VOCAB, HIDDEN = 10, 8  # 10 rows over 3 ranks: 4, 4, and 2 + 2 rows of padding
+
+
+def _gloo_worker(rank: int, size: int, address: str, out: str) -> None:
+    init_distributed(TPInfo(rank, size), torch.device("cpu"), address)
+    try:
+        comm = get_comm()
+        results: dict[str, object] = {"comm": type(comm).__name__}
+        g = torch.Generator().manual_seed(rank)
+        results["mine"] = torch.randn(3, 5, generator=g)
+        results["all_reduce"] = comm.all_reduce(results["mine"].clone())
+        results["all_gather"] = comm.all_gather(torch.tensor([[rank, 10.0 + rank]]))
+        results["min"] = comm.min_over_ranks([100, 93, 107][rank])
+
+        same = torch.Generator().manual_seed(0)  # the same full matrices on every rank
+        weight = torch.randn(VOCAB, HIDDEN, generator=same)
+        x = torch.randn(5, HIDDEN, generator=same)
+        embedding, head = Embedding(VOCAB, HIDDEN), LMHead(VOCAB, HIDDEN)
+        start, rows = embedding.vocab_range
+        shard = weight[start : start + rows]
+        shard = torch.cat([shard, shard.new_zeros(rows - len(shard), HIDDEN)])
+        embedding.weight = head.weight = shard
+        tied = LMHead(VOCAB, HIDDEN, tied_embedding=embedding)
+        results["weight"], results["x"] = weight, x
+        results["embedding"] = embedding.forward(torch.tensor([9, 0, 4, 8, 3, 7, 9]))
+        results["logits"] = head.forward(x)
+        results["tied_logits"] = tied.forward(x)
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+    finally:
+        destroy_distributed()
+
+
+def _engine_worker(rank: int, size: int, address: str, out: str) -> None:
+    from minisgl.engine import Engine, EngineConfig
+
+    # Ranks offer different KV budgets; they must agree on the smaller one.
+    budget = [3, 2][rank] << 20
+    config = EngineConfig(str(MODELS_DIR / TINY_QWEN3), device="cpu", tp_rank=rank, tp_size=size,
+                          dist_init_address=address, cpu_kv_cache_bytes=budget,
+                          max_seq_len_override=128)
+    engine = Engine(config)
+    try:
+        torch.save({"num_pages": engine.num_pages, "k_cache": tuple(engine.kv_pool.k_cache(0).shape),
+                    "page_bytes": engine.kv_pool.bytes_per_page, "threads": engine.num_threads},
+                   Path(out) / f"rank{rank}.pt")
+    finally:
+        destroy_distributed()
+
+
+def spawn_group(worker, size: int, out: Path) -> list[dict]:
+    import torch.multiprocessing as tmp
+
+    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    tmp.start_processes(worker, args=(size, address, str(out)), nprocs=size, join=True,
+                        start_method="spawn")
+    return [torch.load(out / f"rank{r}.pt") for r in range(size)]
+
+
+@pytest.fixture(scope="module")
+def gloo3(tmp_path_factory) -> list[dict]:
+    return spawn_group(_gloo_worker, 3, tmp_path_factory.mktemp("gloo3"))
+
+
+def test_group_uses_torch_distributed(gloo3):
+    assert [r["comm"] for r in gloo3] == ["TorchDistributed"] * 3
+
+
+def test_all_reduce_sums_and_every_rank_gets_the_same_bits(gloo3):
+    expected = sum(r["mine"] for r in gloo3)
+    for r in gloo3:
+        assert torch.allclose(r["all_reduce"], expected, atol=1e-6)
+        # Bit-identical on every rank: otherwise ranks could sample different tokens.
+        assert torch.equal(r["all_reduce"], gloo3[0]["all_reduce"])
+
+
+def test_all_gather_concatenates_the_last_dimension_in_rank_order(gloo3):
+    for r in gloo3:
+        assert r["all_gather"].tolist() == [[0.0, 10.0, 1.0, 11.0, 2.0, 12.0]]
+
+
+def test_min_over_ranks(gloo3):
+    assert [r["min"] for r in gloo3] == [93, 93, 93]
+
+
+def test_vocab_parallel_embedding_equals_the_unsharded_lookup(gloo3):
+    weight = gloo3[0]["weight"]
+    ids = torch.tensor([9, 0, 4, 8, 3, 7, 9])  # ids of every rank, the last rank's real rows
+    for r in gloo3:
+        assert torch.equal(r["embedding"], F.embedding(ids, weight))
+
+
+@pytest.mark.parametrize("key", ["logits", "tied_logits"])
+def test_vocab_parallel_lm_head_equals_the_unsharded_one(gloo3, key):
+    weight, x = gloo3[0]["weight"], gloo3[0]["x"]
+    for r in gloo3:
+        assert r[key].shape == (5, VOCAB)  # the padding columns are cut off
+        assert torch.allclose(r[key], x @ weight.T, atol=1e-5)
+        assert torch.equal(r[key], gloo3[0][key])  # gathered: the same bits everywhere
+
+
+@pytest.fixture(scope="module")
+def engines2(tmp_path_factory) -> list[dict]:
+    return spawn_group(_engine_worker, 2, tmp_path_factory.mktemp("engines2"))
+
+
+def test_each_rank_caches_only_its_kv_heads(engines2):
+    # tiny-qwen3 has 4 KV heads of 32: two per rank; a page (1 token) holds K and V of 4 layers.
+    assert [r["k_cache"][1:] for r in engines2] == [(2, 32), (2, 32)]
+    assert [r["page_bytes"] for r in engines2] == [2 * 4 * 2 * 32 * 4] * 2
+
+
+def test_ranks_agree_on_the_smaller_kv_pool(engines2):
+    # On the CPU the ranks share one machine's memory: each takes budget / size of it.
+    smaller = (2 << 20) // 2 // engines2[1]["page_bytes"]
+    assert [r["num_pages"] for r in engines2] == [smaller, smaller]
+
+
+def test_engine_rank_threads_are_cores_divided_by_tp(engines2):
+    if "OMP_NUM_THREADS" in os.environ:
+        pytest.skip("OMP_NUM_THREADS decides the thread count")
+    cores = min(device_module.physical_core_count(), device_module.usable_cpu_count())
+    assert [r["threads"] for r in engines2] == [max(1, cores // 2)] * 2
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU threads per rank
+
+
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("physical, usable, tp, expected",
+                         [(8, 8, 1, 8), (8, 8, 2, 4), (8, 8, 3, 2), (2, 2, 4, 1), (16, 6, 2, 3)])
+def test_cpu_threads_are_cores_divided_by_tp(monkeypatch, torch_threads, physical, usable, tp,
+                                             expected):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(device_module, "physical_core_count", lambda: physical)
+    monkeypatch.setattr(device_module, "usable_cpu_count", lambda: usable)
+    assert configure_cpu_threads(tp) == expected == torch.get_num_threads()
+
+
+def test_omp_num_threads_wins(monkeypatch, torch_threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(device_module, "physical_core_count", lambda: 8)
+    torch.set_num_threads(3)
+    assert configure_cpu_threads(2) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Start-up: refused before any process, or a rank that dies while loading
+
+
+@pytest.mark.parametrize("model, tp, message", [
+    (SMOLLM2, 2, "the number of query heads (9) is not divisible by the TP size 2"),
+    (TINY_QWEN3, 8, "the number of KV heads (4) is not divisible by the TP size 8"),
+])
+def test_indivisible_heads_fail_before_any_process_starts(model, tp, message):
+    import multiprocessing
+
+    from minisgl.llm import LLM
+    from minisgl.models import check_tensor_parallel
+
+    with pytest.raises(ValueError) as checked:
+        check_tensor_parallel(MODELS_DIR / model, tp)
+    assert message in str(checked.value)
+    with pytest.raises(ValueError) as constructed:
+        LLM(str(MODELS_DIR / model), tp_size=tp)
+    assert message in str(constructed.value)
+    assert multiprocessing.active_children() == []
+    assert get_tp_info() == TPInfo()
+
+
+def test_divisible_head_counts_pass_the_check():
+    from minisgl.models import check_tensor_parallel
+
+    check_tensor_parallel(MODELS_DIR / SMOLLM2, 3)
+    check_tensor_parallel(MODELS_DIR / TINY_QWEN3, 4)
+    assert get_tp_info() == TPInfo()
+
+
+def minisgl_env() -> dict[str, str]:
+    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def test_server_refuses_indivisible_tp_before_loading():
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / SMOLLM2),
+                           "--tp", "2", "--port", str(free_tcp_port())],
+                          cwd=ROOT, env=minisgl_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "the number of query heads (9) is not divisible by the TP size 2" in done.stderr
+    assert "loading" not in done.stdout + done.stderr
+    assert time.monotonic() - start < 60
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent has not collected it)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing children of `pid` (not its resource tracker), oldest first."""
+    found = []
+    for child in children_of(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        stat = proc_stat(child)
+        if "spawn_main" in cmdline and stat is not None:
+            found.append((int(stat[19]), child))  # field 22 of stat: start time
+    return [child for _, child in sorted(found)]
+
+
+def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+class Child:
+    """A subprocess whose output a thread collects, so the test can wait for a line."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.popen = subprocess.Popen(argv, cwd=ROOT, env=minisgl_env(), text=True, bufsize=1,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.popen.poll() is not None:
+                pytest.fail(f"exited ({self.popen.returncode}) before {text!r}:\n{self.output}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{self.output}")
+            time.sleep(0.1)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            pytest.fail(f"did not exit within {timeout} s:\n{self.output}")
+
+
+LLM_DRIVER = """
+import sys
+from minisgl.llm import LLM
+try:
+    LLM(sys.argv[1], tp_size=2, max_running_req=4, num_page_override=512)
+except RuntimeError as e:
+    print("LLM failed:", e, flush=True)
+    sys.exit(1)
+print("LLM started", flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["llm", "server"])
+def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
+    model = str(MODELS_DIR / TINY_QWEN3)
+    argv = ([sys.executable, "-c", LLM_DRIVER, model] if launcher == "llm" else
+            [sys.executable, "-m", "minisgl", "--model", model, "--tp", "2", "--num-pages", "512",
+             "--port", str(free_tcp_port())])
+    child = Child(argv)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while len(ranks := spawned_children(child.popen.pid)) < 2:
+            assert child.popen.poll() is None, child.output
+            assert time.monotonic() < deadline, child.output
+            time.sleep(0.05)
+        time.sleep(0.5)  # well inside its start-up: importing torch alone takes longer
+        everyone = children_of(child.popen.pid)
+        os.kill(ranks[1], signal.SIGKILL)  # scheduler-rank1: started second
+        killed = time.monotonic()
+        code = child.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if child.popen.poll() is None:
+            child.popen.kill()
+            child.popen.wait()
+    assert code == 1, child.output
+    assert "scheduler-rank1 exited with code -9 before it was ready" in child.output
+    assert "started" not in child.output and "ready" not in child.output.replace(
+        "before it was ready", "")
+    assert took < 20, f"took {took:.1f} s to give up"
+    assert not wait_all_gone(everyone, timeout=5.0), "children left running"
+
+
+# ----------------------------------------------------------------------------------------------
+# The server with --tp 2
+
+
+@pytest.fixture(scope="module")
+def server_tp2():
+    """`python -m minisgl --tp 2` on tiny-qwen3, up; the last test that uses it stops it."""
+    import httpx
+
+    port = free_tcp_port()
+    child = Child([sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / TINY_QWEN3),
+                   "--tp", "2", "--port", str(port), "--num-pages", "512", "--max-seq-len", "128"])
+    try:
+        child.wait_for("minisgl: ready")
+    except BaseException:
+        child.popen.kill()
+        child.popen.wait()
+        raise
+    child.children = children_of(child.popen.pid)
+    child.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    yield child
+    child.http.close()
+    if child.popen.poll() is None:  # the SIGTERM test was not selected: stop it the same way
+        child.popen.send_signal(signal.SIGTERM)
+        child.wait(timeout=30)
+
+
+def test_server_runs_two_ranks_and_a_tokenizer(server_tp2):
+    # N + 2 processes: this API server, one tokenizer/detokenizer, one scheduler per rank.
+    assert len(spawned_children(server_tp2.popen.pid)) == 3
+
+
+def test_server_tp2_answers_like_tp1(server_tp2, qwen3):
+    for prompt, text in zip(PROMPTS[:2], qwen3[1]["text"][:2]):
+        r = server_tp2.http.post("/v1/completions", json={
+            "prompt": prompt, "max_tokens": GREEDY.max_tokens, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == text
+
+
+def test_server_tp2_stops_on_sigterm_with_no_children_left(server_tp2):
+    server_tp2.popen.send_signal(signal.SIGTERM)
+    assert server_tp2.wait(timeout=30) == 0, server_tp2.output
+    assert "minisgl: stopped" in server_tp2.output
+    assert not wait_all_gone(server_tp2.children, timeout=5.0), "children left running"
