@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -251,3 +252,29 @@ def test_build_materialises_copies(repo: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in built.iterdir()) == ["__init__.py", "x.py", "y.py"]
     assert not (built / "x.py").is_symlink() and "VALUE = 2" in (built / "x.py").read_text()
     assert (tmp_path / "out" / "main.py").read_text().startswith("import minisgl.x")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def test_partial_listings_in_the_book_cover_whole_blocks():
+    """A listing included by line range (`--8<-- "file:a:b"`) goes stale silently when the file
+    changes: it must start at a non-blank line numbered as the listing says, and end where
+    that block ends (the next line is blank or less indented)."""
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r'(?:linenums="(\d+)"[^\n]*\n\s*)?--8<-- "([^":]+):(\d+):(\d+)"')
+    checked = 0
+    for page in sorted((root / "book").glob("ch*.md")):
+        for m in pattern.finditer(page.read_text()):
+            numbered, path, start, end = m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+            lines = (root / path).read_text().splitlines()
+            where = f"{page.name}: {path}:{start}:{end}"
+            assert numbered is None or int(numbered) == start, f"{where} numbered {numbered}"
+            first = lines[start - 1]
+            assert first.strip(), f"{where} starts at a blank line"
+            after = lines[end] if end < len(lines) else ""
+            assert not after.strip() or _indent(after) <= _indent(first), \
+                f"{where} ends inside a block: next line is {after.strip()!r}"
+            checked += 1
+    assert checked > 0
