@@ -653,6 +653,52 @@ def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
     assert not wait_all_gone(everyone, timeout=5.0), "children left running"
 
 
+LLM_SERVING_DRIVER = """
+import sys
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+llm = LLM(sys.argv[1], tp_size=2, max_running_req=4, num_page_override=512)
+print("LLM started", flush=True)
+try:
+    llm.generate(["hello"] * 4, SamplingParams(max_tokens=400, ignore_eos=True))
+except RuntimeError as e:
+    print("generate failed:", e, flush=True)
+llm.shutdown()
+print("LLM shut down", flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["llm", "server"])
+def test_a_rank_dying_while_serving_is_reported_and_nothing_is_left(launcher):
+    """The other ranks would wait for it in their next all-reduce, forever: the launcher must
+    notice the dead process itself, say which one, and stop."""
+    model = str(MODELS_DIR / TINY_QWEN3)
+    port = free_tcp_port()
+    argv = ([sys.executable, "-c", LLM_SERVING_DRIVER, model] if launcher == "llm" else
+            [sys.executable, "-m", "minisgl", "--model", model, "--tp", "2", "--num-pages", "512",
+             "--port", str(port)])
+    child = Child(argv)
+    try:
+        child.wait_for("LLM started" if launcher == "llm" else "minisgl: ready")
+        everyone = children_of(child.popen.pid)
+        os.kill(spawned_children(child.popen.pid)[1], signal.SIGKILL)  # scheduler-rank1
+        code = child.wait(timeout=60)
+    finally:
+        if child.popen.poll() is None:
+            child.popen.kill()
+            child.popen.wait()
+    if launcher == "llm":
+        # Rank 0 may have died of the broken connection by then: it is named too.
+        failure = next(line for line in child.lines if line.startswith("generate failed:"))
+        assert code == 0 and "scheduler-rank1 exited with code -9" in failure
+        assert "LLM shut down" in child.output
+    else:
+        assert code == 1, child.output
+        assert "scheduler-rank1 (exit code -9) exited; shutting down" in child.output
+        assert "minisgl: stopped" in child.output
+    assert not wait_all_gone(everyone, timeout=5.0), "children left running"
+
+
 # ----------------------------------------------------------------------------------------------
 # The server with --tp 2
 

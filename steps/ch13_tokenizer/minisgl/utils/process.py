@@ -77,7 +77,9 @@ def start_process(target: Callable[..., None], name: str, status: ReadyQueue,
                   **kwargs: Any) -> BaseProcess:
     """Run target(**kwargs, status=reporter) in a new process named `name`; the target calls
     reporter.ready() once it serves."""
-    process = _CTX.Process(target=_child_main, name=name,
+    # daemon: should the launcher's own code raise and end the interpreter, multiprocessing
+    # terminates the children on the way out instead of waiting for them forever.
+    process = _CTX.Process(target=_child_main, name=name, daemon=True,
                            args=(target, os.getpid(), kwargs, status.reporter(name)))
     process.start()
     return process

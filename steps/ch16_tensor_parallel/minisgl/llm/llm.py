@@ -102,8 +102,12 @@ class RankProcesses:
         return self.pending > 0
 
     def tokens(self) -> list[Token]:
+        while (message := self.from_rank0.get(timeout_ms=500)) is None:
+            if dead := [p for p in self.processes if p.exitcode is not None]:  # not a hang
+                raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}"
+                                             for p in dead))
         out = []
-        for msg in unbatch(self.from_rank0.get()):
+        for msg in unbatch(message):
             assert isinstance(msg, DetokenizeMsg)
             if msg.error:
                 raise RuntimeError(f"request {msg.uid} failed: {msg.error}")

@@ -91,22 +91,29 @@ class _Server(uvicorn.Server):
                 signal.signal(s, handler)
 
 
-def serve(args: ServerArgs, backend: Backend) -> None:
-    """HTTP until SIGINT/SIGTERM; uvicorn handles both and shuts down gracefully."""
+def serve(args: ServerArgs, backend: Backend) -> bool:
+    """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
+    child process dies: then nothing could answer any more, and waiting would hang every
+    client. False in that case."""
     frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
     server: _Server | None = None
 
-    async def announce() -> None:
+    async def watch() -> None:
         while server is None or not server.started:
             await asyncio.sleep(0.05)
         print(f"minisgl: ready, serving {args.model_name} at http://{args.host}:{args.port}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
+        while not (dead := [p for p in backend.processes if p.exitcode is not None]):
+            await asyncio.sleep(0.5)
+        names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+        print(f"minisgl: {names} exited; shutting down", file=sys.stderr, flush=True)
+        server.should_exit = True
 
-    app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=announce)
-    server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=3))
+    app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=watch)
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                    access_log=False, timeout_graceful_shutdown=3))
     server.run()
+    return not any(p.exitcode is not None for p in backend.processes)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -125,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # start_backend has stopped what it started
         print("minisgl: interrupted while loading", file=sys.stderr)
         return 130
+    healthy = True
     try:
         if args.shell:
             run_shell(backend.tokenizer_inboxes, backend.frontend, backend.max_seq_len)
         else:
-            serve(args, backend)
+            healthy = serve(args, backend)
     except KeyboardInterrupt:
         pass  # a signal just before uvicorn took over: stop as usual
     finally:
@@ -137,4 +145,4 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, signal.SIG_IGN)
         backend.stop()
         print("minisgl: stopped", flush=True)
-    return 0
+    return 0 if healthy else 1
