@@ -508,6 +508,14 @@ def test_client_that_disconnects_mid_stream_is_aborted_and_its_pages_freed(serve
     assert_pages_come_back(server)
 
 
+def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
+    with httpx.Client(base_url=server.url, timeout=1.5) as http:
+        with pytest.raises(httpx.TimeoutException):
+            http.post("/v1/completions", json={"prompt": "A story that never ends:",
+                                               "max_tokens": 4000, "ignore_eos": True})
+    assert_pages_come_back(server)
+
+
 def test_eight_concurrent_requests_each_equal_the_request_alone(server):
     alone = [greedy(server, p, n=10)["choices"][0]["text"] for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,6 +21,9 @@ from .frontend import Frontend
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, SamplingFields,
                        completion_body, usage)
 
+CHECK_CLIENT_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
 class Generation:
     """One request's replies, cut at its stop strings, with its usage counts."""
 
@@ -29,18 +33,36 @@ class Generation:
         self.matcher = StopMatcher(stops)
         self.prompt_tokens = self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.checked = time.monotonic()  # when the client was last seen to be there
 
     @property
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, self.completion_tokens)
 
-    async def pieces(self) -> AsyncIterator[str]:
+    async def _next(self, client_gone: Callable[[], Awaitable[bool]] | None
+                    ) -> UserReply | None:
+        """The next reply, or None once `client_gone` says so. It is asked every
+        CHECK_CLIENT_S even while replies keep coming: a busy request must notice too."""
+        while True:
+            if client_gone is not None and time.monotonic() - self.checked > CHECK_CLIENT_S:
+                self.checked = time.monotonic()
+                if await client_gone():
+                    return None
+            try:
+                return await asyncio.wait_for(self.queue.get(), CHECK_CLIENT_S)
+            except asyncio.TimeoutError:
+                continue
+
+    async def pieces(self, client_gone: Callable[[], Awaitable[bool]] | None = None
+                     ) -> AsyncIterator[str]:
         """The text as it is produced; finish_reason is set once it ends. If the client goes
-        away mid-stream, Starlette cancels the task reading us and `finally` aborts the
-        request, which frees its KV pages; so does a stop string."""
-        reply, ended = self.first, False
+        away, `finally` aborts the request, which frees its KV pages; so does a stop string.
+        A streaming client's departure shows when Starlette cancels the task reading us; a
+        non-streaming one's only when asked: `client_gone` is polled every CHECK_CLIENT_S."""
+        reply: UserReply | None = self.first
+        ended = False
         try:
-            while True:
+            while reply is not None:
                 ended = reply.finished
                 self.prompt_tokens = reply.prompt_tokens
                 self.completion_tokens += 1
@@ -54,7 +76,7 @@ class Generation:
                     yield text
                 if self.finish_reason is not None:
                     return
-                reply = await self.queue.get()
+                reply = await self._next(client_gone)
         finally:
             if ended:
                 self.frontend.done(self.uid)
@@ -115,9 +137,9 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
             raise APIError(first.error)
         return Generation(frontend, uid, queue, first, body.stop_strings())
 
-    async def respond(body: SamplingFields, gen: Generation, chat: bool):
+    async def respond(body: SamplingFields, gen: Generation, chat: bool, request: Request):
         if not body.stream:
-            text = "".join([piece async for piece in gen.pieces()])
+            text = "".join([piece async for piece in gen.pieces(request.is_disconnected)])
             return {**completion_body(gen.uid, model_name, chat, text, gen.finish_reason, False),
                     "usage": gen.usage}
 
@@ -137,17 +159,17 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         # OpenAI's default for completions is 16 tokens.
-        return await respond(body, await start(body, body.prompt, 16), chat=False)
+        return await respond(body, await start(body, body.prompt, 16), False, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         messages = [m.model_dump() for m in body.messages]
         max_tokens = (body.max_tokens if body.max_completion_tokens is None
                       else body.max_completion_tokens)
         body = body.model_copy(update={"max_tokens": max_tokens})
-        return await respond(body, await start(body, messages, None), chat=True)
+        return await respond(body, await start(body, messages, None), True, request)
 
     @app.get("/v1/models")
     async def models() -> dict:
