@@ -260,8 +260,9 @@ def _indent(line: str) -> int:
 
 def test_partial_listings_in_the_book_cover_whole_blocks():
     """A listing included by line range (`--8<-- "file:a:b"`) goes stale silently when the file
-    changes: it must start at a non-blank line numbered as the listing says, and end where
-    that block ends (the next line is blank or less indented)."""
+    changes: it must start at a non-blank line numbered as the listing says, no line in it may
+    be less indented than the first, and it must end where that block ends (the next line is
+    blank or less indented)."""
     root = Path(__file__).resolve().parents[1]
     pattern = re.compile(r'(?:linenums="(\d+)"[^\n]*\n\s*)?--8<-- "([^":]+):(\d+):(\d+)"')
     checked = 0
@@ -273,6 +274,9 @@ def test_partial_listings_in_the_book_cover_whole_blocks():
             assert numbered is None or int(numbered) == start, f"{where} numbered {numbered}"
             first = lines[start - 1]
             assert first.strip(), f"{where} starts at a blank line"
+            shallower = [n for n in range(start, end + 1)
+                         if lines[n - 1].strip() and _indent(lines[n - 1]) < _indent(first)]
+            assert not shallower, f"{where} starts inside a block that ends at line {shallower[0]}"
             after = lines[end] if end < len(lines) else ""
             assert not after.strip() or _indent(after) <= _indent(first), \
                 f"{where} ends inside a block: next line is {after.strip()!r}"

@@ -699,6 +699,29 @@ def test_a_rank_dying_while_serving_is_reported_and_nothing_is_left(launcher):
     assert not wait_all_gone(everyone, timeout=5.0), "children left running"
 
 
+def test_the_shell_stops_when_a_rank_dies():
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / TINY_QWEN3), "--tp", "2",
+         "--num-pages", "512", "--shell"], cwd=ROOT, env=minisgl_env(), text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lines = []
+        while not any("Type a message" in line for line in lines):  # loaded: the shell greets
+            line = shell.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        everyone = children_of(shell.pid)
+        os.kill(spawned_children(shell.pid)[1], signal.SIGKILL)  # scheduler-rank1
+        out, _ = shell.communicate("Hello\n", timeout=60)
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
+    assert shell.returncode == 1, out
+    assert "scheduler-rank1 (exit code -9)" in out and "the shell stops" in out, out
+    assert not wait_all_gone(everyone, timeout=5.0), "children left running"
+
+
 # ----------------------------------------------------------------------------------------------
 # The server with --tp 2
 

@@ -1,1 +1,1 @@
-../../../steps/ch15_api_server/minisgl/server/shell.py
+../../../steps/ch16_tensor_parallel/minisgl/server/shell.py

@@ -40,6 +40,11 @@ class Backend:
     max_seq_len: int
     run_id: str
 
+    def dead(self) -> list[str]:
+        """The children that have exited, with their exit codes: once serving, any is fatal."""
+        return [f"{p.name} (exit code {p.exitcode})" for p in self.processes
+                if p.exitcode is not None]
+
     def stop(self) -> None:
         stop_processes(self.processes)
         # A killed child cannot unlink its IPC socket files; nothing else will use them.
@@ -103,17 +108,16 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
             await asyncio.sleep(0.05)
         print(f"minisgl: ready, serving {args.model_name} at http://{args.host}:{args.port}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
-        while not (dead := [p for p in backend.processes if p.exitcode is not None]):
+        while not (dead := backend.dead()):
             await asyncio.sleep(0.5)
-        names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
-        print(f"minisgl: {names} exited; shutting down", file=sys.stderr, flush=True)
+        print(f"minisgl: {', '.join(dead)} exited; shutting down", file=sys.stderr, flush=True)
         server.should_exit = True
 
     app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=watch)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=3))
     server.run()
-    return not any(p.exitcode is not None for p in backend.processes)
+    return not backend.dead()
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     healthy = True
     try:
         if args.shell:
-            run_shell(backend.tokenizer_inboxes, backend.frontend, backend.max_seq_len)
+            healthy = run_shell(backend.tokenizer_inboxes, backend.frontend,
+                                backend.max_seq_len, backend.dead)
         else:
             healthy = serve(args, backend)
     except KeyboardInterrupt:
