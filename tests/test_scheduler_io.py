@@ -24,6 +24,7 @@ from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_scheduler
 from minisgl.utils.process import (ReadyQueue, free_tcp_port, start_process, stop_processes,
                                    wait_ready)
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue, ipc_address, new_run_id
+from test_scheduler import held_requests
 
 VOCAB = 49152  # tiny-qwen3
 
@@ -44,17 +45,6 @@ def random_ids(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(n)]  # no BOS/EOS ids
 
 
-def held_requests(s: Scheduler) -> list[Req]:
-    """Requests holding pages outside the prefix cache: running, done or aborted but still in
-    the batch in flight, every request of that batch, and chunks of unfinished prefills."""
-    held: dict[Req, None] = dict.fromkeys(s.decode.running)
-    held.update(dict.fromkeys(s.finished))
-    if s.in_flight is not None:
-        held.update(dict.fromkeys(s.in_flight.batch.reqs))
-    held.update(dict.fromkeys(p.chunk for p in s.prefill.pending if p.chunk is not None))
-    return list(held)
-
-
 def step_checked(s: Scheduler, outputs: dict[int, list[TokenOutput]]) -> None:
     for out in s.step():
         outputs.setdefault(out.uid, []).append(out)
@@ -69,6 +59,33 @@ def assert_everything_back(s: Scheduler, max_running_req: int) -> None:
     assert stats["running"] == stats["waiting"] == 0, stats
     assert s.in_flight is None and not s.finished and s.cache.handles == {}
     s.cache.check_integrity([])
+
+
+# --------------------------------------------------------------------------- TokenOutput.eos
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_token_output_says_whether_eos_ended_the_request(overlap):
+    """eos is True exactly on the last token of a request that met an EOS token; reaching
+    max_tokens, or meeting EOS with ignore_eos, gives eos=False."""
+    s = Scheduler(config(overlap))
+    try:
+        s.add_request(0, random_ids(0, 6), greedy(8))
+        outputs: dict[int, list[TokenOutput]] = {}
+        while s.has_work:
+            step_checked(s, outputs)
+        reference = [o.token for o in outputs[0]]
+        s.eos_token_ids = frozenset({reference[3]})  # the model "emits EOS" at its 4th token
+        s.add_request(1, random_ids(0, 6), SamplingParams(max_tokens=8))
+        s.add_request(2, random_ids(0, 6), greedy(8))
+        while s.has_work:
+            step_checked(s, outputs)
+    finally:
+        set_global_ctx(None)
+    assert [o.eos for o in outputs[0]] == [False] * 8
+    assert [(o.finished, o.eos) for o in outputs[1]] == [(False, False)] * 3 + [(True, True)]
+    assert [o.token for o in outputs[2]] == reference  # ignore_eos: it runs on
+    assert not any(o.eos for o in outputs[2]) and outputs[2][-1].finished
 
 
 # --------------------------------------------------------------------------- Scheduler.abort

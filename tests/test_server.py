@@ -15,27 +15,24 @@ loading and launcher-error tests start processes of their own.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+from minisgl.utils.process import free_tcp_port
+from processes import ROOT, Child, children_of, minisgl_env, wait_all_gone
+
 MODEL = ROOT / "models" / "tiny-qwen3"
-START_TIMEOUT = 180.0  # seconds until "ready"; tiny-qwen3 needs a few
 STOP_TIMEOUT = 15.0  # seconds from SIGINT/SIGTERM to exit code 0
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
            "The quick brown fox", "In 1969, astronauts", "My favourite food is",
@@ -46,109 +43,21 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):",
 # Processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children_of(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has exited; only its parent has not collected it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
-    """The pids still running after `timeout` seconds (polled)."""
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if running(p)]
-    return alive
-
-
-def minisgl_env() -> dict[str, str]:
-    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-
-
-class Process:
-    """A `python -m minisgl` child: its output is read by a thread into `lines`, so the pipe
-    never fills up and the test can wait for a given line."""
+class Process(Child):
+    """A `python -m minisgl` child."""
 
     def __init__(self, *args: str, stdin: bool = False) -> None:
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "minisgl", *args], cwd=ROOT, env=minisgl_env(),
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1)
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.children: list[int] = []
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            with self.changed:
-                self.lines.append(line)
-                self.changed.notify_all()
-        with self.changed:
-            self.changed.notify_all()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def output(self) -> str:
-        with self.changed:
-            return "".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
-        """Until some output line contains `text`; fails if the process exits first."""
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while not any(text in line for line in self.lines):
-                if not self.reader.is_alive() or self.popen.poll() is not None:
-                    pytest.fail(f"minisgl exited ({self.popen.poll()}) before printing "
-                                f"{text!r}:\n{''.join(self.lines)}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{''.join(self.lines)}")
-                self.changed.wait(0.2)
+        super().__init__([sys.executable, "-m", "minisgl", *args], stdin=stdin)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
-        """Send `sig` and wait for the exit code (SIGKILL after `timeout`, then fail)."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-        try:
-            code = self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-            pytest.fail(f"minisgl did not exit within {timeout} s of {sig!r}:\n{self.output}")
-        self.reader.join(5)
-        return code
-
-    def socket_files(self) -> list[str]:
-        """The IPC socket files of this server's run (their names start with its pid)."""
-        return glob.glob(os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*"))
+        return super().stop(sig, timeout)
 
 
 class Server(Process):
     """A server that is up: `ready` printed, its children recorded."""
 
     def __init__(self, *args: str) -> None:
-        self.port = free_port()
+        self.port = free_tcp_port()
         super().__init__("--model", str(MODEL), "--port", str(self.port), *args)
         try:
             self.wait_for("minisgl: ready")
@@ -629,7 +538,7 @@ def test_children_exit_on_their_own_when_the_server_is_killed():
 
 
 def test_sigterm_while_loading_stops_cleanly():
-    proc = Process("--model", str(MODEL), "--port", str(free_port()))
+    proc = Process("--model", str(MODEL), "--port", str(free_tcp_port()))
     try:
         proc.wait_for("minisgl: loading")
         deadline = time.monotonic() + 60

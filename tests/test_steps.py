@@ -272,6 +272,7 @@ def test_partial_listings_in_the_book_cover_whole_blocks():
             lines = (root / path).read_text().splitlines()
             where = f"{page.name}: {path}:{start}:{end}"
             assert numbered is None or int(numbered) == start, f"{where} numbered {numbered}"
+            assert 1 <= start <= end <= len(lines), f"{where}: the file has {len(lines)} lines"
             first = lines[start - 1]
             assert first.strip(), f"{where} starts at a blank line"
             shallower = [n for n in range(start, end + 1)

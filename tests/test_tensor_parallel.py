@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -39,6 +38,8 @@ from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_i
 from minisgl.layers import Embedding, LMHead, vocab_shard
 from minisgl.utils import configure_cpu_threads
 from minisgl.utils.process import free_tcp_port
+from processes import (START_TIMEOUT, Child, children_of, minisgl_env, spawned_children,
+                       wait_all_gone)
 
 PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
            "The sun rises in the"]
@@ -46,7 +47,6 @@ OPTIONS = dict(max_running_req=4, num_page_override=512, max_seq_len_override=12
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 # top_k/top_p filter too, so the sampled path is the full one.
 SAMPLED = SamplingParams(max_tokens=12, ignore_eos=True, temperature=1.0, top_k=200, top_p=0.95)
-START_TIMEOUT = 180.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -515,11 +515,6 @@ def test_divisible_head_counts_pass_the_check():
     assert get_tp_info() == TPInfo()
 
 
-def minisgl_env() -> dict[str, str]:
-    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-
-
 def test_server_refuses_indivisible_tp_before_loading():
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / SMOLLM2),
@@ -529,85 +524,6 @@ def test_server_refuses_indivisible_tp_before_loading():
     assert "the number of query heads (9) is not divisible by the TP size 2" in done.stderr
     assert "loading" not in done.stdout + done.stderr
     assert time.monotonic() - start < 60
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state first), or None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has exited; only its parent has not collected it)."""
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
-def children_of(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def spawned_children(pid: int) -> list[int]:
-    """The multiprocessing children of `pid` (not its resource tracker), oldest first."""
-    found = []
-    for child in children_of(pid):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        stat = proc_stat(child)
-        if "spawn_main" in cmdline and stat is not None:
-            found.append((int(stat[19]), child))  # field 22 of stat: start time
-    return [child for _, child in sorted(found)]
-
-
-def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if running(p)]
-    return alive
-
-
-class Child:
-    """A subprocess whose output a thread collects, so the test can wait for a line."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.popen = subprocess.Popen(argv, cwd=ROOT, env=minisgl_env(), text=True, bufsize=1,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.popen.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            if self.popen.poll() is not None:
-                pytest.fail(f"exited ({self.popen.returncode}) before {text!r}:\n{self.output}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{self.output}")
-            time.sleep(0.1)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-            pytest.fail(f"did not exit within {timeout} s:\n{self.output}")
 
 
 LLM_DRIVER = """

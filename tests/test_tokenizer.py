@@ -24,6 +24,7 @@ from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wai
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 import process_targets
+from processes import running, wait_all_gone
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 IM_END = 2  # SmolLM2's <|im_end|>: the end of a chat turn, and its EOS
@@ -412,14 +413,6 @@ def test_stop_processes_kills_a_child_that_ignores_sigterm():
         stop_processes([process], timeout=0.0)
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter from /proc, or None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
 def test_a_child_exits_when_its_parent_is_killed():
     launcher = (
@@ -437,15 +430,12 @@ def test_a_child_exits_when_its_parent_is_killed():
     child = None
     try:
         child = int(parent.stdout.readline())
-        assert _state(child) not in (None, "Z")
+        assert running(child)
         parent.kill()  # SIGKILL: the parent gets no chance to stop its children
         parent.wait()
-        deadline = time.monotonic() + 5.0
-        while _state(child) not in (None, "Z") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _state(child) in (None, "Z"), "the orphaned child is still running"
+        assert not wait_all_gone([child], timeout=5.0), "the orphaned child is still running"
     finally:
         parent.kill()
         parent.wait()
-        if child is not None and _state(child) not in (None, "Z"):
+        if child is not None and running(child):
             os.kill(child, signal.SIGKILL)

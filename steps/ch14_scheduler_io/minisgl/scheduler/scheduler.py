@@ -21,6 +21,9 @@ class TokenOutput(NamedTuple):
     uid: int
     token: int
     finished: bool
+    # It finished because `token` is an end-of-sequence token (not because of max_tokens):
+    # the token is no text, and the reason the API reports is "stop".
+    eos: bool = False
 
 
 class InFlight(NamedTuple):
@@ -162,9 +165,9 @@ class Scheduler:
                 continue  # its prompt is not complete: the sampled token means nothing
             req.append_host(token)
             # Judged on the host's tokens: with overlap the device lengths are a step ahead.
-            finished = len(req.input_ids) == req.max_device_len or (
-                token in self.eos_token_ids and not req.sampling_params.ignore_eos)
-            results.append(TokenOutput(req.uid, token, finished))
+            eos = token in self.eos_token_ids and not req.sampling_params.ignore_eos
+            finished = eos or len(req.input_ids) == req.max_device_len
+            results.append(TokenOutput(req.uid, token, finished, eos))
             if finished:
                 self.decode.remove(req)
                 if req in still_used:

@@ -43,8 +43,10 @@ class Generation:
                     ) -> UserReply | None:
         """The next reply, or None once `client_gone` says so. It is asked every
         CHECK_CLIENT_S even while replies keep coming: a busy request must notice too."""
+        if client_gone is None:  # streaming: Starlette watches the client for us
+            return await self.queue.get()
         while True:
-            if client_gone is not None and time.monotonic() - self.checked > CHECK_CLIENT_S:
+            if time.monotonic() - self.checked > CHECK_CLIENT_S:
                 self.checked = time.monotonic()
                 if await client_gone():
                     return None

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -13,7 +13,7 @@ from minisgl.distributed import destroy_distributed
 from minisgl.engine import check_request_fits
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
-from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.utils.process import ReadyQueue, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
@@ -22,37 +22,23 @@ from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_i
 Request = tuple[int, list[int], SamplingParams]  # uid, prompt ids, sampling
 
 
-class Token(NamedTuple):
-    uid: int
-    token: int
-    finished: bool
-    ended_by_eos: bool  # the token is the EOS that ended the request: not part of the text
-
-
 class InProcess:
     """TP = 1: the scheduler runs right here, stepped by generate()."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.scheduler = Scheduler(config)
         self.max_seq_len = self.scheduler.engine.max_seq_len
-        self.params: dict[int, SamplingParams] = {}
 
     def add(self, requests: list[Request]) -> None:
         for uid, ids, params in requests:
-            self.params[uid] = params
             self.scheduler.add_request(uid, ids, params)
 
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def tokens(self) -> list[Token]:
-        out = []
-        for t in self.scheduler.step():
-            params = self.params.pop(t.uid) if t.finished else self.params[t.uid]
-            eos = t.finished and t.token in self.scheduler.eos_token_ids and not params.ignore_eos
-            out.append(Token(t.uid, t.token, t.finished, eos))
-        return out
+    def tokens(self) -> list[TokenOutput]:
+        return self.scheduler.step()
 
     def shutdown(self) -> None:
         # The process-global Context still points at the engine's attention backend, and a
@@ -101,7 +87,7 @@ class RankProcesses:
     def has_work(self) -> bool:
         return self.pending > 0
 
-    def tokens(self) -> list[Token]:
+    def tokens(self) -> list[TokenOutput]:
         while (message := self.from_rank0.get(timeout_ms=500)) is None:
             if dead := [p for p in self.processes if p.exitcode is not None]:  # not a hang
                 raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}"
@@ -112,7 +98,8 @@ class RankProcesses:
             if msg.error:
                 raise RuntimeError(f"request {msg.uid} failed: {msg.error}")
             self.pending -= msg.finished
-            out.append(Token(msg.uid, msg.next_token, msg.finished, msg.finish_reason == "stop"))
+            out.append(TokenOutput(msg.uid, msg.next_token, msg.finished,
+                                   eos=msg.finish_reason == "stop"))
         return out
 
     def shutdown(self) -> None:
@@ -171,7 +158,7 @@ class LLM:
         with tqdm(total=len(prompts), desc="generate", unit="req", disable=not show) as bar:
             while backend.has_work:
                 for t in backend.tokens():
-                    if not t.ended_by_eos:
+                    if not t.eos:  # the EOS that ended a request is no text
                         outputs[t.uid].append(t.token)
                     bar.update(t.finished)
         return [{"text": self.tokenizer.decode(outputs[uid]), "token_ids": outputs[uid]}

@@ -31,6 +31,8 @@ def check_tensor_parallel(path: str | Path, tp_size: int) -> None:
     """Build the model as rank 0 of `tp_size` would, on the meta device (no memory, no
     weights): a head count that does not divide fails here with its reason, in the launcher,
     before any rank process starts."""
+    if tp_size == 1:  # one rank splits nothing
+        return
     previous = get_tp_info()
     set_tp_info(TPInfo(0, tp_size))
     try:

@@ -90,7 +90,7 @@ class SchedulerLoop:
 
     def __init__(self, scheduler: Scheduler, io: SchedulerIO) -> None:
         self.scheduler, self.io = scheduler, io
-        self.requests: dict[int, UserMsg] = {}  # running, for the usage of their last message
+        self.prompt_tokens: dict[int, int] = {}  # of the running requests, for their usage
 
     def handle(self, msg: Message) -> list[Message]:
         if isinstance(msg, UserMsg):
@@ -102,24 +102,21 @@ class SchedulerLoop:
                 self.scheduler.add_request(msg.uid, msg.input_ids, params)
             except ValueError as e:  # too long for the context or the KV pool: refuse it
                 return [DetokenizeMsg(msg.uid, -1, finished=True, error=str(e))]
-            self.requests[msg.uid] = msg
+            self.prompt_tokens[msg.uid] = len(msg.input_ids)
         elif isinstance(msg, AbortMsg):
             # Tell the detokenizer too, so it drops the request's text state.
             if self.scheduler.abort(msg.uid):
-                del self.requests[msg.uid]
+                del self.prompt_tokens[msg.uid]
                 return [DetokenizeMsg(msg.uid, -1, finished=True, error="aborted")]
         return []
 
     def report(self, token: TokenOutput) -> DetokenizeMsg:
-        request = self.requests[token.uid]
-        prompt_tokens = len(request.input_ids)
         if not token.finished:
-            return DetokenizeMsg(token.uid, token.token, False, prompt_tokens=prompt_tokens)
-        del self.requests[token.uid]
-        eos = (token.token in self.scheduler.eos_token_ids
-               and not request.sampling_params.ignore_eos)
-        return DetokenizeMsg(token.uid, token.token, True, finish_reason="stop" if eos else "length",
-                             prompt_tokens=prompt_tokens)
+            return DetokenizeMsg(token.uid, token.token, False,
+                                 prompt_tokens=self.prompt_tokens[token.uid])
+        return DetokenizeMsg(token.uid, token.token, True,
+                             finish_reason="stop" if token.eos else "length",
+                             prompt_tokens=self.prompt_tokens.pop(token.uid))
 
     def run_once(self) -> bool:
         """One iteration: take the messages, run a step if there is work, send the results.

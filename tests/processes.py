@@ -1,0 +1,133 @@
+"""Watching real processes from tests: a child's output, its children, whether they are gone."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 180.0  # seconds until a server says "ready"; tiny models need a few
+
+
+def minisgl_env() -> dict[str, str]:
+    """The environment with the repository's package first on PYTHONPATH."""
+    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent has not collected it)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing children of `pid` (not its resource tracker), oldest first."""
+    found = []
+    for child in children_of(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        stat = proc_stat(child)
+        if "spawn_main" in cmdline and stat is not None:
+            found.append((int(stat[19]), child))  # field 22 of stat: start time
+    return [child for _, child in sorted(found)]
+
+
+def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still running after `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+class Child:
+    """A subprocess whose output a thread reads into `lines`, so the pipe never fills up and
+    the test can wait for a given line."""
+
+    def __init__(self, argv: list[str], stdin: bool = False) -> None:
+        self.popen = subprocess.Popen(
+            argv, cwd=ROOT, env=minisgl_env(), text=True, bufsize=1,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.children: list[int] = []
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def output(self) -> str:
+        with self.changed:
+            return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = START_TIMEOUT) -> None:
+        """Until some output line contains `text`; fails if the process exits first."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not any(text in line for line in self.lines):
+                if not self.reader.is_alive() or self.popen.poll() is not None:
+                    pytest.fail(f"exited ({self.popen.poll()}) before printing {text!r}:\n"
+                                f"{''.join(self.lines)}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{''.join(self.lines)}")
+                self.changed.wait(0.2)
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; SIGKILL and fail if it has not come within `timeout` seconds."""
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            pytest.fail(f"did not exit within {timeout} s:\n{self.output}")
+        self.reader.join(5)
+        return code
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Send `sig` (unless it has exited already) and wait for the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        return self.wait(timeout)
+
+    def socket_files(self) -> list[str]:
+        """The IPC socket files of this launcher's run (their names start with its pid)."""
+        return glob.glob(os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*"))
