@@ -10,6 +10,7 @@ TORCH  ?= torch==2.13.0
 .PHONY: check test book serve setup models
 check: setup
 	$(PY) tools/steps.py check
+	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
 
 test: setup
 	$(PY) -m pytest -q

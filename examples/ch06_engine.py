@@ -37,3 +37,4 @@ try:
     engine.check_request_fits(60, 16)
 except ValueError as error:
     print("ValueError:", error)
+engine.close()  # 还原构造时对进程做的设置（全局 Context、CPU 线程数）

@@ -16,7 +16,7 @@ from minisgl.scheduler.io import run_scheduler
 from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
-MODEL = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
+MODEL = Path("models/SmolLM2-135M-Instruct")
 
 
 def ids(text: str) -> torch.Tensor:

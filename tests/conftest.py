@@ -3,14 +3,15 @@ transformers'), and transformers' greedy generation as the reference."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = ROOT / "models"
+ROOT = Path(__file__).resolve().parent.parent  # the repository, or a tree built by tools/steps.py
+MODELS_DIR = Path(os.environ.get("MINISGL_MODELS") or ROOT / "models")
 SMOLLM2 = "SmolLM2-135M-Instruct"
 TINY_QWEN3 = "tiny-qwen3"
 TINY_LLAMA = "tiny-llama"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -17,10 +18,26 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0  # seconds until a server says "ready"; tiny models need a few
 
 
+def package_root() -> Path:
+    """The directory holding the `minisgl` this process imported: python/ in the repository,
+    a chapter's tree under tools/steps.py check. Not resolved: python/minisgl's files are links."""
+    import minisgl
+
+    return Path(os.path.abspath(minisgl.__file__)).parent.parent
+
+
 def minisgl_env() -> dict[str, str]:
-    """The environment with the repository's package first on PYTHONPATH."""
-    path = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
+    """The environment with this process's own package first on PYTHONPATH, so a child runs
+    the same tree as the test that starts it."""
+    path = [str(package_root()), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the package's own helper arrives only in chapter 16)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def children_of(pid: int) -> list[int]:

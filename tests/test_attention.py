@@ -1,6 +1,6 @@
 """attention: the torch backend over the paged pool against dense causal attention computed per
 request from its full K/V, on random ragged batches, several page sizes, shuffled pages, cached
-prefixes, decode and GQA."""
+prefixes, decode and GQA; then whole models' prefill logits with this backend against transformers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ import pytest
 import torch
 
 from minisgl.attention import ATTENTION_BACKENDS, TorchAttentionBackend, create_attention_backend
-from minisgl.core import Batch, Req, SamplingParams
+from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
+from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.kvcache import MHAKVPool
+from minisgl.models import CausalLM
+
+CHAPTER = 5  # tools/steps.py check runs this module on chapter 5's own tree
 
 NUM_LAYERS, LAYER, KV_HEADS, HEAD_DIM, TABLE_ROWS, MAX_LEN = 2, 1, 2, 16, 8, 48
 
@@ -178,3 +182,55 @@ def test_unknown_backend_name_lists_the_known_ones():
     pool = MHAKVPool(1, 1, 1, 1, 8, torch.float32, "cpu")
     with pytest.raises(ValueError, match="'flash'.*torch"):
         create_attention_backend("flash", pool, torch.zeros(1, 1, dtype=torch.int32))
+
+
+# --- logits against transformers -----------------------------------------------------------------
+
+def forward_logits(model: CausalLM, prompts: list[list[int]], page_size: int = 4) -> torch.Tensor:
+    """Prefill `prompts` as one batch with the torch backend over a small pool; pages handed out
+    in order, page table filled by hand. Returns one row of logits per prompt."""
+    c = model.config
+    total_pages = sum(-(-len(p) // page_size) for p in prompts)
+    pool = MHAKVPool(c.num_layers, total_pages, page_size, c.num_kv_heads, c.head_dim,
+                     torch.float32, "cpu")
+    max_len = max(len(p) for p in prompts)
+    page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32)
+    next_page = 0
+    for row, prompt in enumerate(prompts):
+        for pos in range(len(prompt)):
+            if pos % page_size == 0:
+                page, next_page = next_page, next_page + 1
+            page_table[row, pos] = page * page_size + pos % page_size
+    backend = create_attention_backend("torch", pool, page_table)
+    ctx = Context(attn_backend=backend)
+    set_global_ctx(ctx)
+    reqs = [Req(torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0, output_len=1,
+                uid=i, sampling_params=SamplingParams(max_tokens=1))
+            for i, p in enumerate(prompts)]
+    batch = Batch(reqs, "prefill")
+    batch.input_ids = torch.cat([r.input_ids for r in reqs]).long()
+    batch.positions = torch.cat([torch.arange(len(p)) for p in prompts])
+    batch.out_loc = torch.cat([page_table[i, :len(p)] for i, p in enumerate(prompts)]).long()
+    backend.prepare_metadata(batch)
+    with ctx.forward_batch(batch):
+        return model.forward()
+
+
+PROMPTS = [[1, 504, 3458, 282, 4649, 314], [9, 8, 7, 6, 5, 4, 3, 2, 1000, 2000, 3000],
+           [17, 42, 42, 17, 3]]
+
+
+@pytest.mark.parametrize("name", [SMOLLM2, TINY_QWEN3, TINY_LLAMA])
+def test_last_token_logits_match_hf(name, hf_model, our_model):
+    prompt = PROMPTS[0]
+    ours = forward_logits(our_model(name), [prompt])
+    theirs = hf_model(name)(torch.tensor([prompt])).logits[:, -1]
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", [TINY_QWEN3, TINY_LLAMA])
+def test_ragged_batch_logits_match_hf_per_prompt(name, hf_model, our_model):
+    ours = forward_logits(our_model(name), PROMPTS)
+    hf = hf_model(name)
+    theirs = torch.cat([hf(torch.tensor([p])).logits[:, -1] for p in PROMPTS])
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)

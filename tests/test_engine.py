@@ -6,11 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minisgl.core.context as context_module
+import minisgl.engine.engine as engine_module
+import minisgl.utils.device as device_module
 from conftest import SMOLLM2, TINY_QWEN3
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig
+
+CHAPTER = 6  # tools/steps.py check runs this module on chapter 6's own tree
 
 MAX_TOKENS = 16
 PROMPTS = ["The capital of France is", "Name three prime numbers and explain why:", "def fibonacci(n):",
@@ -203,3 +208,71 @@ def test_seeded_sampling_is_reproducible_across_engines(tiny_qwen3_path, qwen3_p
 def test_different_seeds_sample_differently(tiny_qwen3_path, qwen3_prompts):
     assert (sample_run(tiny_qwen3_path, qwen3_prompts[:1], seed=1)
             != sample_run(tiny_qwen3_path, qwen3_prompts[:1], seed=2))
+
+
+# --- close(): the process as the constructor found it ---------------------------------------------
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """No global Context, and a thread count (3) that the engine changes (to 1 core, faked);
+    returns that count. Both are put back after the test."""
+    monkeypatch.setattr(context_module, "_GLOBAL_CTX", None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(device_module, "physical_core_count", lambda: 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield 3
+    torch.set_num_threads(before)
+
+
+def installed_ctx():
+    try:
+        return get_global_ctx()
+    except RuntimeError:
+        return None
+
+
+def test_close_uninstalls_the_context_and_restores_the_thread_count(tiny_qwen3_path,
+                                                                    fresh_process):
+    engine = make_engine(tiny_qwen3_path, device="cpu")
+    assert installed_ctx() is engine.ctx
+    assert torch.get_num_threads() == engine.num_threads == 1
+    engine.close()
+    assert installed_ctx() is None and torch.get_num_threads() == fresh_process
+    engine.close()  # a second close changes nothing
+    assert installed_ctx() is None and torch.get_num_threads() == fresh_process
+
+
+def test_engines_created_closed_and_recreated_in_one_process_give_the_same_tokens(
+        tiny_qwen3_path, qwen3_prompts, fresh_process):
+    outputs = []
+    for _ in range(3):
+        engine = make_engine(tiny_qwen3_path, device="cpu")
+        req = new_req(qwen3_prompts[0], 0)
+        HandBatcher(engine, shuffle_pages=False).run([req])
+        engine.close()
+        assert installed_ctx() is None and torch.get_num_threads() == fresh_process
+        outputs.append(req.output_ids)
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == MAX_TOKENS
+
+
+def test_closing_an_older_engine_leaves_the_newer_ones_context(tiny_qwen3_path, fresh_process):
+    older = make_engine(tiny_qwen3_path, device="cpu")
+    newer = make_engine(tiny_qwen3_path, device="cpu")
+    older.close()
+    assert installed_ctx() is newer.ctx
+    newer.close()
+    assert installed_ctx() is None
+
+
+def test_a_constructor_failing_half_way_leaves_the_process_as_it_found_it(tiny_qwen3_path,
+                                                                         fresh_process,
+                                                                         monkeypatch):
+    def no_sampler(*args, **kwargs):
+        raise RuntimeError("no sampler")
+
+    # The Sampler is built last: the threads are set and the Context installed by then.
+    monkeypatch.setattr(engine_module, "Sampler", no_sampler)
+    with pytest.raises(RuntimeError, match="no sampler"):
+        make_engine(tiny_qwen3_path, device="cpu")
+    assert installed_ctx() is None and torch.get_num_threads() == fresh_process

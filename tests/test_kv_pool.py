@@ -7,6 +7,8 @@ import torch
 
 from minisgl.kvcache import MHAKVPool
 
+CHAPTER = 4  # tools/steps.py check runs this module on chapter 4's own tree
+
 LAYERS, PAGES, PAGE_SIZE, HEADS, DIM = 3, 5, 4, 2, 8
 
 

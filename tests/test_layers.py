@@ -12,6 +12,8 @@ from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
 from minisgl.layers import (BaseOP, Embedding, FusedAddRMSNorm, Linear, LMHead, MergedLinear,
                             OPList, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul, StatelessOP)
 
+CHAPTER = 2  # tools/steps.py check runs this module on chapter 2's own tree
+
 ATOL = 1e-5
 
 

@@ -13,6 +13,8 @@ from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_QWEN3
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 
+CHAPTER = 11  # tools/steps.py check runs this module on chapter 11's own tree
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:"]
 
 
@@ -25,6 +27,12 @@ def make_llm(model: str = TINY_QWEN3, **overrides) -> LLM:
 
 def greedy(max_tokens: int, ignore_eos: bool = True) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+
+
+def scheduler_of(llm: LLM):
+    """The Scheduler inside an in-process LLM: chapter 11 holds it directly, chapter 16 behind a
+    backend (in this process, or rank processes for TP > 1)."""
+    return llm.backend.scheduler if hasattr(llm, "backend") else llm.scheduler
 
 
 @pytest.fixture
@@ -101,7 +109,7 @@ def test_eos_that_ends_a_request_is_left_out_of_token_ids(overlap, alone):
     ref = alone[(PROMPTS[0], 10)]
     k = first_new_token(ref)
     llm = make_llm(overlap=overlap)
-    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})  # the model "emits EOS" at step k
+    scheduler_of(llm).eos_token_ids = frozenset({ref[k]})  # the model "emits EOS" at step k
     (output,) = llm.generate(PROMPTS[:1], greedy(10, ignore_eos=False))
     assert output["token_ids"] == ref[:k]
     assert output["text"] == llm.tokenizer.decode(ref[:k])
@@ -111,7 +119,7 @@ def test_eos_is_kept_with_ignore_eos(alone):
     ref = alone[(PROMPTS[0], 10)]
     k = first_new_token(ref)
     llm = make_llm()
-    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})
+    scheduler_of(llm).eos_token_ids = frozenset({ref[k]})
     (output,) = llm.generate(PROMPTS[:1], greedy(10, ignore_eos=True))
     assert output["token_ids"] == ref and ref[k] in output["token_ids"]
 
@@ -122,7 +130,7 @@ def test_eos_stops_only_the_request_that_meets_it(alone):
     others = [alone[(p, 10)] for p in PROMPTS[1:]]
     assert all(ref[k] not in o for o in others)
     llm = make_llm()
-    llm.backend.scheduler.eos_token_ids = frozenset({ref[k]})
+    scheduler_of(llm).eos_token_ids = frozenset({ref[k]})
     outputs = llm.generate(PROMPTS, greedy(10, ignore_eos=False))
     assert [o["token_ids"] for o in outputs] == [ref[:k], *others]
 
@@ -132,21 +140,21 @@ def test_eos_stops_only_the_request_that_meets_it(alone):
 def test_mismatched_sampling_params_length_raises_before_queueing(llm):
     with pytest.raises(ValueError, match="3 prompts but 2 sampling params"):
         llm.generate(PROMPTS, [greedy(4), greedy(4)])
-    assert not llm.backend.scheduler.has_work
+    assert not scheduler_of(llm).has_work
 
 
 @pytest.mark.parametrize("empty", ["", []], ids=["text", "ids"])
 def test_empty_prompt_raises_before_queueing(llm, empty):
     with pytest.raises(ValueError, match="empty"):
         llm.generate([PROMPTS[0], empty], greedy(4))
-    assert not llm.backend.scheduler.has_work
+    assert not scheduler_of(llm).has_work
 
 
 def test_too_long_prompt_raises_before_queueing():
     llm = make_llm(max_seq_len_override=32)
     with pytest.raises(ValueError, match="max_seq_len is 32"):
         llm.generate([PROMPTS[0], list(range(3, 33))], greedy(4))  # 30 + 4 > 32
-    assert not llm.backend.scheduler.has_work
+    assert not scheduler_of(llm).has_work
 
 
 def test_a_rejected_call_leaves_the_llm_usable(llm, alone):

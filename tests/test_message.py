@@ -13,6 +13,8 @@ from minisgl.message.codec import TYPE_KEY
 from minisgl.utils.zmq_queue import (PubQueue, PullQueue, PushQueue, SubQueue, ipc_address,
                                      new_run_id)
 
+CHAPTER = 12  # tools/steps.py check runs this module on chapter 12's own tree
+
 PARAMS = SamplingParams(temperature=0.5, top_k=3, top_p=0.8, max_tokens=9, ignore_eos=True)
 EXAMPLES = [
     TokenizeMsg(1, "多字节 ✓ text", PARAMS),

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
-from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
-from minisgl.kvcache import MHAKVPool
 from minisgl.models import MODELS, CausalLM, ModelConfig, create_model, load_model, read_checkpoint
+from minisgl.utils import Registry
+
+CHAPTER = 3  # tools/steps.py check runs this module on chapter 3's own tree
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
                   "low_freq_factor": 1.0, "original_max_position_embeddings": 512}
@@ -87,58 +87,6 @@ def test_config_from_dir_reads_a_4x_config_file(tmp_path):
         base_hf_config(rope_theta=500000.0, rope_scaling=dict(LLAMA3_SCALING))))
     c = ModelConfig.from_dir(tmp_path)
     assert c.rope_theta == 500000.0 and c.rope_scaling == LLAMA3_SCALING
-
-
-# --- logits against transformers -----------------------------------------------------------------
-
-def forward_logits(model: CausalLM, prompts: list[list[int]], page_size: int = 4) -> torch.Tensor:
-    """Prefill `prompts` as one batch with the torch backend over a small pool; pages handed out
-    in order, page table filled by hand. Returns one row of logits per prompt."""
-    c = model.config
-    total_pages = sum(-(-len(p) // page_size) for p in prompts)
-    pool = MHAKVPool(c.num_layers, total_pages, page_size, c.num_kv_heads, c.head_dim,
-                     torch.float32, "cpu")
-    max_len = max(len(p) for p in prompts)
-    page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32)
-    next_page = 0
-    for row, prompt in enumerate(prompts):
-        for pos in range(len(prompt)):
-            if pos % page_size == 0:
-                page, next_page = next_page, next_page + 1
-            page_table[row, pos] = page * page_size + pos % page_size
-    backend = create_attention_backend("torch", pool, page_table)
-    ctx = Context(attn_backend=backend)
-    set_global_ctx(ctx)
-    reqs = [Req(torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0, output_len=1,
-                uid=i, sampling_params=SamplingParams(max_tokens=1))
-            for i, p in enumerate(prompts)]
-    batch = Batch(reqs, "prefill")
-    batch.input_ids = torch.cat([r.input_ids for r in reqs]).long()
-    batch.positions = torch.cat([torch.arange(len(p)) for p in prompts])
-    batch.out_loc = torch.cat([page_table[i, :len(p)] for i, p in enumerate(prompts)]).long()
-    backend.prepare_metadata(batch)
-    with ctx.forward_batch(batch):
-        return model.forward()
-
-
-PROMPTS = [[1, 504, 3458, 282, 4649, 314], [9, 8, 7, 6, 5, 4, 3, 2, 1000, 2000, 3000],
-           [17, 42, 42, 17, 3]]
-
-
-@pytest.mark.parametrize("name", [SMOLLM2, TINY_QWEN3, TINY_LLAMA])
-def test_last_token_logits_match_hf(name, hf_model, our_model):
-    prompt = PROMPTS[0]
-    ours = forward_logits(our_model(name), [prompt])
-    theirs = hf_model(name)(torch.tensor([prompt])).logits[:, -1]
-    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("name", [TINY_QWEN3, TINY_LLAMA])
-def test_ragged_batch_logits_match_hf_per_prompt(name, hf_model, our_model):
-    ours = forward_logits(our_model(name), PROMPTS)
-    hf = hf_model(name)
-    theirs = torch.cat([hf(torch.tensor([p])).logits[:, -1] for p in PROMPTS])
-    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
 
 
 def test_registry_knows_both_architectures():
@@ -276,3 +224,35 @@ def test_directory_without_safetensors_is_named(tiny_copy):
     with pytest.raises(FileNotFoundError) as info:
         load_model(path)
     assert str(path) in str(info.value) and "safetensors" in str(info.value)
+
+
+# The name registry arrives with the model registry (utils/registry.py, chapter 3).
+# --- Registry ----------------------------------------------------------------------------------
+
+def test_registry_returns_what_was_registered_under_each_name():
+    registry: Registry[type] = Registry("widget")
+
+    @registry.register("a", "alias")
+    class A:
+        pass
+
+    assert registry.get("a") is A and registry.get("alias") is A
+    assert registry.names() == ["a", "alias"]
+
+
+def test_registry_unknown_name_lists_the_known_ones():
+    registry: Registry[int] = Registry("widget")
+    registry.register("beta")(2)
+    registry.register("alpha")(1)
+    with pytest.raises(ValueError) as info:
+        registry.get("gamma")
+    message = str(info.value)
+    assert "widget" in message and "'gamma'" in message and "alpha, beta" in message
+
+
+def test_registry_double_registration_raises():
+    registry: Registry[int] = Registry("widget")
+    registry.register("x")(1)
+    with pytest.raises(ValueError, match="'x'.*twice"):
+        registry.register("x")(2)
+    assert registry.get("x") == 1

@@ -9,6 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
+
 ROOT = Path(__file__).resolve().parent.parent
 SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
 

@@ -10,6 +10,8 @@ from minisgl.kvcache import (PREFIX_CACHES, BasePrefixCache, CacheHandle, NaiveP
                              RadixCache, create_prefix_cache)
 from minisgl.kvcache.radix_cache import RadixNode
 
+CHAPTER = 9  # tools/steps.py check runs this module on chapter 9's own tree
+
 
 def slots(start: int, n: int) -> torch.Tensor:
     """n consecutive KV slots from `start` (whole pages when start and n are page-aligned)."""

@@ -11,6 +11,8 @@ import torch
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Sampler, SamplingArgs, top_k_top_p_filter
 
+CHAPTER = 6  # tools/steps.py check runs this module on chapter 6's own tree
+
 CPU = torch.device("cpu")
 
 

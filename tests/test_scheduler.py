@@ -20,6 +20,8 @@ from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.cache import pages_for
 from minisgl.scheduler.prefill import ChunkedReq
 
+CHAPTER = 7  # tools/steps.py check runs this module on chapter 7's own tree
+
 VOCAB = 49152  # both tiny models
 REF_TOKENS = 20  # references are computed once per prompt for this many tokens (greedy: a
 # request with max_tokens=m gives the first m of them)

@@ -5,6 +5,7 @@ ranks, and PUB/SUB queues that never drop a frame."""
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 import time
@@ -16,15 +17,18 @@ import torch
 import zmq
 
 from conftest import MODELS_DIR, TINY_QWEN3
+from processes import free_port
 from minisgl.core import Req, SamplingParams, set_global_ctx
 from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, StatsMsg, StatsReply,
                              UserMsg, decode, encode, unbatch)
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_scheduler
-from minisgl.utils.process import (ReadyQueue, free_tcp_port, start_process, stop_processes,
+from minisgl.utils.process import (ReadyQueue, start_process, stop_processes,
                                    wait_ready)
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue, ipc_address, new_run_id
 from test_scheduler import held_requests
+
+CHAPTER = 14  # tools/steps.py check runs this module on chapter 14's own tree
 
 VOCAB = 49152  # tiny-qwen3
 
@@ -81,7 +85,7 @@ def test_token_output_says_whether_eos_ended_the_request(overlap):
         while s.has_work:
             step_checked(s, outputs)
     finally:
-        set_global_ctx(None)
+        s.engine.close()
     assert [o.eos for o in outputs[0]] == [False] * 8
     assert [(o.finished, o.eos) for o in outputs[1]] == [(False, False)] * 3 + [(True, True)]
     assert [o.token for o in outputs[2]] == reference  # ignore_eos: it runs on
@@ -405,6 +409,22 @@ class ProcessRun:
     exit_codes: list = field(default_factory=list)
 
 
+def rank_args(rank: int, world_size: int = 2) -> dict:
+    """run_scheduler's arguments that place a rank. Chapter 14 passes the place as arguments
+    (every rank a full replica); chapter 16 moves it into the config, where the ranks also form
+    a process group and each loads its shard. This module runs on both trees."""
+    cfg = config(overlap=True, **PROCESS_CONFIG)
+    if "rank" in inspect.signature(run_scheduler).parameters:
+        return dict(config=cfg, rank=rank, world_size=world_size)
+    global _dist_init_address
+    _dist_init_address = _dist_init_address or f"tcp://127.0.0.1:{free_port()}"
+    return dict(config=replace(cfg, tp_rank=rank, tp_size=world_size,
+                               dist_init_address=_dist_init_address))
+
+
+_dist_init_address = ""  # one address for all ranks of the module's process run
+
+
 @pytest.fixture(scope="module")
 def process_run() -> Iterator[ProcessRun]:
     """Two scheduler processes (TP size 2, tiny-qwen3), each sending its results to a
@@ -414,14 +434,10 @@ def process_run() -> Iterator[ProcessRun]:
     inbox, broadcast, acks = (ipc_address(run_id, n) for n in ("inbox", "broadcast", "acks"))
     outs = [ipc_address(run_id, f"out{rank}") for rank in range(2)]
     ranks = [Collector(out) for out in outs]
-    # Since chapter 16 a rank is told its place through the config (and the ranks form a
-    # process group); rank 1 gets a reply address too, so its results can be compared.
-    cfg = replace(config(overlap=True, **PROCESS_CONFIG), tp_size=2,
-                  dist_init_address=f"tcp://127.0.0.1:{free_tcp_port()}")
+    # Rank 1 gets a reply address too, so its results can be compared with rank 0's.
     status = ReadyQueue()
-    processes = [start_process(run_scheduler, f"scheduler-rank{rank}", status,
-                               config=replace(cfg, tp_rank=rank), inbox=inbox,
-                               broadcast=broadcast, acks=acks, reply=out)
+    processes = [start_process(run_scheduler, f"scheduler-rank{rank}", status, inbox=inbox,
+                               broadcast=broadcast, acks=acks, reply=out, **rank_args(rank))
                  for rank, out in enumerate(outs)]
     tokenizer = PushQueue(inbox, bind=False, encode=encode)
     try:

@@ -29,8 +29,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from minisgl.utils.process import free_tcp_port
-from processes import ROOT, Child, children_of, minisgl_env, wait_all_gone
+from processes import ROOT, Child, children_of, free_port, minisgl_env, wait_all_gone
+
+CHAPTER = 15  # tools/steps.py check runs this module on chapter 15's own tree
 
 MODEL = ROOT / "models" / "tiny-qwen3"
 STOP_TIMEOUT = 15.0  # seconds from SIGINT/SIGTERM to exit code 0
@@ -57,7 +58,7 @@ class Server(Process):
     """A server that is up: `ready` printed, its children recorded."""
 
     def __init__(self, *args: str) -> None:
-        self.port = free_tcp_port()
+        self.port = free_port()
         super().__init__("--model", str(MODEL), "--port", str(self.port), *args)
         try:
             self.wait_for("minisgl: ready")
@@ -538,7 +539,7 @@ def test_children_exit_on_their_own_when_the_server_is_killed():
 
 
 def test_sigterm_while_loading_stops_cleanly():
-    proc = Process("--model", str(MODEL), "--port", str(free_tcp_port()))
+    proc = Process("--model", str(MODEL), "--port", str(free_port()))
     try:
         proc.wait_for("minisgl: loading")
         deadline = time.monotonic() + 60

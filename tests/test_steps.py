@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
+
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "steps.py"
 
 
@@ -79,10 +81,11 @@ def test_chapter_numbers_accept_several_spellings(repo: Path) -> None:
 
 def test_importing_a_later_chapters_module_is_caught(repo: Path) -> None:
     steps.link(repo)  # python/minisgl/y.py exists: main reaches it through the package path
-    set_main(repo, "ch01_b", "import minisgl\nminisgl.__path__.append('python/minisgl')\nimport minisgl.y\n")
+    set_main(repo, "ch01_b", f"import minisgl\nminisgl.__path__.append({str(repo / 'python/minisgl')!r})\n"
+             "import minisgl.y\n")
     o = outcome(repo, "1")
     assert not o.passed and "越界导入 minisgl.y（来自 " in o.error and "python/minisgl/y.py）" in o.error
-    assert "main 退出码 1" in o.error  # refused at import time, not just noticed afterwards
+    assert "main：退出码 1" in o.error  # refused at import time, not just noticed afterwards
     assert any("ImportError: step isolation: 'minisgl.y'" in line for line in o.output)
 
 
@@ -90,24 +93,24 @@ def test_an_editable_install_finder_is_caught(repo: Path) -> None:
     steps.link(repo)  # what setuptools' editable finder does: map the package to python/minisgl
     set_main(repo, "ch01_b", "import sys\nfrom importlib.machinery import PathFinder\n"
              "class Editable:\n    @staticmethod\n    def find_spec(name, path=None, target=None):\n"
-             "        return PathFinder.find_spec(name, ['python/minisgl']) if name == 'minisgl.y' else None\n"
+             f"        return PathFinder.find_spec(name, [{str(repo / 'python/minisgl')!r}]) if name == 'minisgl.y' else None\n"
              "sys.meta_path.append(Editable)\nimport minisgl.y\n")
     o = outcome(repo, "1")
-    assert "越界导入 minisgl.y" in o.error and "main 退出码 1" in o.error
+    assert "越界导入 minisgl.y" in o.error and "main：退出码 1" in o.error
 
 
 def test_a_swallowed_import_error_still_fails(repo: Path) -> None:
     steps.link(repo)
-    set_main(repo, "ch01_b", "import sys\nsys.path.insert(0, 'python')\n"
+    set_main(repo, "ch01_b", f"import sys\nsys.path.insert(0, {str(repo / 'python')!r})\n"
                              "try:\n    import minisgl.y\nexcept ImportError:\n    pass\n")
     o = outcome(repo, "1")
-    assert not o.passed and "越界导入 minisgl（" in o.error and "main 退出码" not in o.error
+    assert not o.passed and "越界导入 minisgl（" in o.error and "main：退出码" not in o.error
 
 
 def test_module_loaded_by_file_path_is_caught_at_exit(repo: Path) -> None:
     steps.link(repo)  # spec_from_file_location skips the finders; the exit sweep sees it
     set_main(repo, "ch01_b", "import importlib.util, sys\n"
-             "spec = importlib.util.spec_from_file_location('minisgl.y', 'python/minisgl/y.py')\n"
+             f"spec = importlib.util.spec_from_file_location('minisgl.y', {str(repo / 'python/minisgl/y.py')!r})\n"
              "sys.modules['minisgl.y'] = m = importlib.util.module_from_spec(spec)\n"
              "spec.loader.exec_module(m)\n")
     assert "越界导入 minisgl.y" in outcome(repo, "1").error
@@ -116,19 +119,19 @@ def test_module_loaded_by_file_path_is_caught_at_exit(repo: Path) -> None:
 @pytest.mark.parametrize("propagate", [True, False])
 def test_violation_in_a_child_process_is_caught(repo: Path, propagate: bool) -> None:
     steps.link(repo)
-    child = "import minisgl; minisgl.__path__.append('python/minisgl'); import minisgl.y"
+    child = f"import minisgl; minisgl.__path__.append({str(repo / 'python/minisgl')!r}); import minisgl.y"
     set_main(repo, "ch01_b", f"import subprocess, sys\nr = subprocess.run([sys.executable, '-c', {child!r}])\n"
              + ("sys.exit(r.returncode)\n" if propagate else ""))
     o = outcome(repo, "1")
     assert not o.passed and "越界导入 minisgl.y" in o.error and "在子进程中" in o.error
-    assert ("main 退出码 1" in o.error) == propagate
+    assert ("main：退出码 1" in o.error) == propagate
     assert any("ImportError" in line for line in o.output)
 
 
 def test_violation_in_a_multiprocessing_spawn_child_is_caught(repo: Path) -> None:
     steps.link(repo)
     set_main(repo, "ch01_b", "import multiprocessing as mp, sys\n"
-             "def peek():\n    import minisgl\n    minisgl.__path__.append('python/minisgl')\n"
+             f"def peek():\n    import minisgl\n    minisgl.__path__.append({str(repo / 'python/minisgl')!r})\n"
              "    import minisgl.y\n"
              "if __name__ == '__main__':\n    p = mp.get_context('spawn').Process(target=peek)\n"
              "    p.start()\n    p.join()\n    print('child exit code', p.exitcode)\n")
@@ -234,7 +237,7 @@ def test_a_failing_main_shows_its_output_tail(repo: Path, capsys) -> None:
     set_main(repo, "ch01_b", "print('before')\nraise SystemExit(3)\n")
     assert steps.check(repo, ["1"]) == 1
     out = capsys.readouterr().out
-    assert "before" in out and "main 退出码 3" in out
+    assert "before" in out and "main：退出码 3" in out
 
 
 def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:
@@ -246,12 +249,121 @@ def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:
     assert blank == "" and rest == ["out", ""]
 
 
-def test_build_materialises_copies(repo: Path, tmp_path: Path) -> None:
-    steps.build(repo, 2, tmp_path / "out")
-    built = tmp_path / "out" / "minisgl"
-    assert sorted(p.name for p in built.iterdir()) == ["__init__.py", "x.py", "y.py"]
-    assert not (built / "x.py").is_symlink() and "VALUE = 2" in (built / "x.py").read_text()
-    assert (tmp_path / "out" / "main.py").read_text().startswith("import minisgl.x")
+# A chapter test that reads minisgl.x.VALUE in the test process, in a subprocess and in a
+# multiprocessing spawn child. VALUE is 1 in chapter 1 and 2 from chapter 2 on, so the module
+# passes only where it really runs on chapter 1's tree.
+VALUE_TEST = """import multiprocessing as mp
+import subprocess
+import sys
+
+import minisgl.x
+
+CHAPTER = {chapter}
+
+
+def value():
+    import minisgl.x
+    return minisgl.x.VALUE
+
+
+def test_value_here():
+    assert minisgl.x.VALUE == 1
+
+
+def test_value_in_a_subprocess():
+    out = subprocess.run([sys.executable, "-c", "import minisgl.x; print(minisgl.x.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "1\\n"
+
+
+def test_value_in_a_spawn_child():
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(value) == 1
+"""
+
+
+def add_test(root: Path, name: str, text: str) -> None:
+    write(root / "tests" / name, text)
+
+
+def test_a_chapters_own_tests_run_on_its_own_tree(repo: Path) -> None:
+    steps.link(repo)  # python/minisgl has VALUE = 2: a test run against it would fail
+    add_test(repo, "test_value.py", VALUE_TEST.format(chapter=1))
+    o = outcome(repo, "1")
+    assert o.passed, o.error
+    assert o.tests == "3 passed"
+    assert outcome(repo, "2").tests == ""  # chapter 2 declares no test module
+
+
+def test_the_same_tests_fail_on_a_tree_where_they_do_not_hold(repo: Path) -> None:
+    steps.link(repo)
+    add_test(repo, "test_value.py", VALUE_TEST.format(chapter=2))
+    o = outcome(repo, "2")
+    assert not o.passed and o.tests == "3 failed" and "测试：退出码 1" in o.error
+    assert any("assert 2 == 1" in line for line in o.output)
+
+
+def test_a_chapter_test_reaching_outside_its_tree_fails(repo: Path) -> None:
+    steps.link(repo)
+    add_test(repo, "test_peek.py", f"import sys\nsys.path.insert(0, {str(repo / 'python')!r})\n"
+             "CHAPTER = 1\n\ndef test_y():\n    import minisgl.y\n")
+    o = outcome(repo, "1")
+    assert not o.passed and "测试：越界导入 minisgl（来自 " in o.error and "python/minisgl" in o.error
+
+
+def test_tests_run_only_after_main_passes(repo: Path) -> None:
+    add_test(repo, "test_value.py", VALUE_TEST.format(chapter=1))
+    set_main(repo, "ch01_b", "raise SystemExit(4)\n")
+    o = outcome(repo, "1")
+    assert o.error == "main：退出码 4" and o.tests == ""
+
+
+def test_declared_chapter_reads_the_constant_without_importing(tmp_path: Path) -> None:
+    cases = {"CHAPTER = 3\n": 3, "CHAPTER = None\n": None, "X = 1\n": "missing",
+             "import nowhere_at_all\nCHAPTER = 5\n": 5}
+    for i, (text, want) in enumerate(cases.items()):
+        write(tmp_path / f"test_{i}.py", text)
+        assert steps.declared_chapter(tmp_path / f"test_{i}.py") == want
+    write(tmp_path / "test_bad.py", "CHAPTER = '3'\n")
+    with pytest.raises(steps.StepsError, match="CHAPTER must be an int or None"):
+        steps.declared_chapter(tmp_path / "test_bad.py")
+
+
+def test_every_test_module_names_an_existing_chapter_or_none() -> None:
+    root = Path(__file__).resolve().parents[1]
+    numbers = {ch.n for ch in steps.chapters(root)}
+    declared = {p.name: steps.declared_chapter(p) for p in sorted((root / "tests").glob("test_*.py"))}
+    wrong = {name: n for name, n in declared.items() if n is not None and n not in numbers}
+    assert wrong == {}, "test modules without a CHAPTER constant or naming no chapter"
+
+
+def test_build_is_a_self_contained_chapter(repo: Path, tmp_path: Path, monkeypatch) -> None:
+    add_test(repo, "test_value.py", VALUE_TEST.format(chapter=1))
+    add_test(repo, "test_later.py", "CHAPTER = 2\n")
+    write(repo / "tests" / "helpers.py", "HELP = 1\n")
+    write(repo / "examples" / "ch01_b.py", "print('example')\n")
+    (repo / "models").mkdir()
+    monkeypatch.delenv("MINISGL_MODELS", raising=False)
+    out = tmp_path / "out"
+    steps.build(repo, 1, out)
+    built = out / "minisgl"
+    assert sorted(p.name for p in built.iterdir()) == ["__init__.py", "x.py"]
+    assert not (built / "x.py").is_symlink() and "VALUE = 1" in (built / "x.py").read_text()
+    assert (out / "main.py").read_text().startswith("import minisgl.x")
+    assert sorted(p.name for p in (out / "tests").iterdir()) == ["helpers.py", "test_value.py"]
+    assert (out / "examples" / "ch01_b.py").is_file() and (out / "pytest.ini").is_file()
+    assert (out / "models").resolve() == (repo / "models").resolve()
+    steps.build(repo, 2, out)  # rebuilding in place replaces the tree, tests and example
+    assert "VALUE = 2" in (built / "x.py").read_text() and (built / "y.py").is_file()
+    assert sorted(p.name for p in (out / "tests").iterdir()) == ["helpers.py", "test_later.py"]
+    assert not (out / "examples").exists()
+
+
+def test_build_links_models_from_the_environment(repo: Path, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("MINISGL_MODELS", str(tmp_path / "elsewhere"))
+    steps.build(repo, 1, tmp_path / "out")
+    assert (tmp_path / "out" / "models").resolve() == (tmp_path / "elsewhere").resolve()
 
 
 def _indent(line: str) -> int:

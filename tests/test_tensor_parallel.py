@@ -41,6 +41,8 @@ from minisgl.utils.process import free_tcp_port
 from processes import (START_TIMEOUT, Child, children_of, minisgl_env, spawned_children,
                        wait_all_gone)
 
+CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
+
 PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
            "The sun rises in the"]
 OPTIONS = dict(max_running_req=4, num_page_override=512, max_seq_len_override=128)
@@ -377,7 +379,7 @@ def _engine_worker(rank: int, size: int, address: str, out: str) -> None:
                     "page_bytes": engine.kv_pool.bytes_per_page, "threads": engine.num_threads},
                    Path(out) / f"rank{rank}.pt")
     finally:
-        destroy_distributed()
+        engine.close()
 
 
 def spawn_group(worker, size: int, out: Path) -> list[dict]:
@@ -684,3 +686,80 @@ def test_server_tp2_stops_on_sigterm_with_no_children_left(server_tp2):
     assert server_tp2.wait(timeout=30) == 0, server_tp2.output
     assert "minisgl: stopped" in server_tp2.output
     assert not wait_all_gone(server_tp2.children, timeout=5.0), "children left running"
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine.close at TP=2: each rank of a spawned gloo group builds Engines one after another.
+
+
+def _reopen_worker(rank: int, size: int, addresses: list[str], out: str) -> None:
+    """A constructor that fails after the group has formed, then twice: create, close, close
+    again. Records the process-wide state the engine touches after each step."""
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    from minisgl.core import get_global_ctx
+    from minisgl.engine import Engine, EngineConfig
+
+    def state(engine=None) -> dict:
+        try:
+            ctx = get_global_ctx()
+        except RuntimeError:
+            ctx = None
+        owner = "none" if ctx is None else "ours" if engine and ctx is engine.ctx else "other"
+        tp = get_tp_info()
+        return {"tp": (tp.rank, tp.size), "group": dist.is_initialized(),
+                "comm": type(get_comm()).__name__, "threads": torch.get_num_threads(),
+                "ctx": owner}
+
+    # A thread count the engine changes (it takes cores // size), to see it put back.
+    cores = min(device_module.physical_core_count(), device_module.usable_cpu_count())
+    torch.set_num_threads(max(1, cores // size) + 1)
+    config = EngineConfig(str(MODELS_DIR / TINY_QWEN3), device="cpu", tp_rank=rank, tp_size=size,
+                          num_page_override=64, max_seq_len_override=64)
+    results: dict[str, object] = {"before": state()}
+    try:  # no rank has a KV budget for one page: each fails after the group has formed
+        Engine(replace(config, dist_init_address=addresses[0], num_page_override=None,
+                       cpu_kv_cache_bytes=1))
+    except ValueError as e:
+        results["error"] = str(e)
+    results["after_failure"] = state()
+    for i, address in enumerate(addresses[1:]):
+        engine = Engine(replace(config, dist_init_address=address))
+        results[f"open{i}"] = state(engine)
+        engine.close()
+        results[f"closed{i}"] = state()
+        engine.close()
+        results[f"closed_twice{i}"] = state()
+    torch.save(results, Path(out) / f"rank{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def reopened2(tmp_path_factory) -> list[dict]:
+    import torch.multiprocessing as tmp
+
+    out = tmp_path_factory.mktemp("reopened2")
+    addresses = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
+    tmp.start_processes(_reopen_worker, args=(2, addresses, str(out)), nprocs=2, join=True,
+                        start_method="spawn")
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def test_a_tp2_engine_failing_after_its_group_formed_leaves_no_rank_or_group(reopened2):
+    for r in reopened2:
+        assert "budget" in r["error"]
+        assert r["after_failure"] == r["before"]
+
+
+def test_tp2_engines_closed_and_recreated_in_one_process(reopened2):
+    for rank, r in enumerate(reopened2):
+        assert r["before"]["tp"] == (0, 1) and not r["before"]["group"]
+        assert r["before"]["comm"] == "SingleRank" and r["before"]["ctx"] == "none"
+        for i in range(2):
+            opened = r[f"open{i}"]
+            assert (opened["tp"], opened["group"], opened["comm"], opened["ctx"]) \
+                == ((rank, 2), True, "TorchDistributed", "ours")
+            if "OMP_NUM_THREADS" not in os.environ:
+                assert opened["threads"] != r["before"]["threads"]
+            assert r[f"closed{i}"] == r[f"closed_twice{i}"] == r["before"]

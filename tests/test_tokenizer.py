@@ -26,6 +26,8 @@ from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_i
 import process_targets
 from processes import running, wait_all_gone
 
+CHAPTER = 13  # tools/steps.py check runs this module on chapter 13's own tree
+
 SMOLLM2 = "SmolLM2-135M-Instruct"
 IM_END = 2  # SmolLM2's <|im_end|>: the end of a chat turn, and its EOS
 CHAT = [{"role": "system", "content": "Answer in one word."},

@@ -10,6 +10,8 @@ from minisgl.distributed import (TorchDistributed, TPInfo, destroy_distributed, 
 from minisgl.llm import LLM
 from minisgl.utils.process import free_tcp_port
 
+CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):"]
 ARGS = dict(max_running_req=4, num_page_override=512, max_seq_len_override=256)

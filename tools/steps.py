@@ -3,11 +3,15 @@
 
 steps/chNN_<slug>/minisgl/... holds every file chapter NN creates or replaces. The package at
 chapter N is the overlay of chapters 0..N (later chapters win); python/minisgl is the overlay of
-all chapters as relative symlinks. Commands: check, tree, diff, build, link (see --help).
+all chapters as relative symlinks. A built chapter (`build N DIR`) is self-contained: the package,
+main.py, the test modules that name chapter N (`CHAPTER = N`), the chapter's example and a link to
+models/; `check` builds every chapter that way and runs its main and its tests there.
+Commands: check, tree, diff, build, link (see --help).
 The book's mkdocs hook imports this file and calls render_tree(root, n) / render_diff(root, n).
 """
 
 import argparse
+import ast
 import difflib
 import importlib.metadata
 import os
@@ -133,6 +137,34 @@ def materialise(files: dict[str, Path], dest: Path) -> None:
         shutil.copy2(src, dest / rel)
 
 
+def declared_chapter(test_module: Path) -> "int | None | str":
+    """The module-level `CHAPTER = ...` of a test module: an int, None (repository tooling), or
+    the string "missing" when the module does not say. Read without importing the module."""
+    tree = ast.parse(test_module.read_text(encoding="utf-8"), str(test_module))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["CHAPTER"]:
+            value = ast.literal_eval(node.value)
+            if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+                return value
+            raise StepsError(f"{test_module}: CHAPTER must be an int or None, not {value!r}")
+    return "missing"
+
+
+def chapter_tests(root: Path, n: int) -> list[Path]:
+    """The test modules of chapter n: tests/test_*.py that declare `CHAPTER = n`."""
+    return [p for p in sorted((root / "tests").glob("test_*.py")) if declared_chapter(p) == n]
+
+
+def test_helpers(root: Path) -> list[Path]:
+    """What every chapter's tests may import: tests/*.py that are not test modules (conftest...)."""
+    return [p for p in sorted((root / "tests").glob("*.py")) if not p.name.startswith("test_")]
+
+
+def chapter_example(root: Path, ch: Chapter) -> Path | None:
+    path = root / "examples" / f"{ch.name}.py"
+    return path if path.is_file() else None
+
+
 # --------------------------------------------------------------------------- tree and diff
 
 
@@ -195,13 +227,45 @@ def render_diff(root: Path, n: int) -> str:
     return "".join(parts)
 
 
+PYTEST_INI = """[pytest]
+testpaths = tests
+pythonpath = . tests
+timeout = 900
+addopts = -p no:cacheprovider
+"""
+
+
+def models_dir(root: Path) -> Path:
+    """Where the checkpoints live: $MINISGL_MODELS, else the repository's models/."""
+    return Path(os.environ.get("MINISGL_MODELS") or root / "models").absolute()
+
+
 def build(root: Path, n: int, dest: Path) -> None:
-    """Materialise chapter n's package as dest/minisgl plus dest/main.py."""
+    """Materialise chapter n as a self-contained directory: dest/minisgl (the overlay),
+    dest/main.py, dest/tests (the chapter's test modules and the shared helpers), the chapter's
+    example under dest/examples, dest/pytest.ini, and dest/models linking to the checkpoints.
+    Run from dest, `python main.py`, `python -m pytest` and the example use only this tree."""
     ch = find_chapter(root, n)
-    shutil.rmtree(dest / PACKAGE, ignore_errors=True)
+    for stale in (PACKAGE, "tests", "examples"):
+        shutil.rmtree(dest / stale, ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
     materialise(overlay(root, ch.n), dest)
     shutil.copy2(ch.main, dest / "main.py")
+    tests = chapter_tests(root, ch.n)
+    if tests:
+        (dest / "tests").mkdir()
+        for path in test_helpers(root) + tests:
+            shutil.copy2(path, dest / "tests" / path.name)
+        (dest / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+    example = chapter_example(root, ch)
+    if example:
+        (dest / "examples").mkdir()
+        shutil.copy2(example, dest / "examples" / example.name)
+    link = dest / "models"
+    if link.is_symlink() or not link.exists():
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(models_dir(root), target_is_directory=True)
 
 
 # --------------------------------------------------------------------------- python/minisgl links
@@ -296,10 +360,11 @@ class Outcome:
     modified: int
     early: int
     seconds: float = 0.0
+    tests: str = ""  # pytest's summary of the chapter's own test modules ("" when it has none)
     error: str = ""  # empty: passed
-    main_failed: bool = False  # main itself failed (so its output tail is worth showing)
-    stdout: str = ""
-    output: tuple[str, ...] = ()  # stdout and stderr lines, interleaved
+    ran_failed: bool = False  # main or the tests failed (so their output tail is worth showing)
+    stdout: str = ""  # main's stdout
+    output: tuple[str, ...] = ()  # stdout and stderr lines of what failed (else of main), interleaved
 
     @property
     def passed(self) -> bool:
@@ -375,34 +440,73 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
     return rc, "".join(stdout), combined
 
 
+PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed).*?)(?: in [\d.]+s.*)?\s*=*$")
+
+
+def _pytest_summary(lines: Sequence[str]) -> str:
+    """pytest's final counts line ("35 passed, 2 skipped"), or "" if it printed none."""
+    for line in reversed(lines):
+        m = PYTEST_SUMMARY.match(line.strip())
+        if m:
+            return m.group(1)
+    return ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One program run inside a built chapter: its main, or pytest over its test modules."""
+    name: str  # for messages: "main" or "测试"
+    args: list[str]  # after run_main.py and the tree: a script, or -m and a module
+
+
+def _violations(log: Path) -> list[str]:
+    seen = dict.fromkeys(log.read_text(encoding="utf-8").splitlines() if log.exists() else [])
+    problems = []
+    for entry in seen:
+        name, where, who = entry.split("\t")
+        problems.append(f"越界导入 {name}（来自 {where}{'，在子进程中' if who == 'child' else ''}）")
+    return problems
+
+
 def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float | None = None) -> Outcome:
-    """Run chapter ch's main.py against its own overlay, with the isolation guard on."""
+    """Build chapter ch in a temporary directory and run, with the isolation guard on, its main
+    and then its own test modules there (so both see only the chapter's tree)."""
     kinds = list(touched(root, ch).values())
     out = Outcome(ch, kinds.count("new"), kinds.count("modified"), len(ch.early))
     problems = static_problems(root, ch)
-    static = len(problems)
-    if ch.main.is_file():
-        with tempfile.TemporaryDirectory(prefix=f"minisgl-{ch.name}-") as tmp:
-            tree, boot, log = Path(tmp, "tree"), Path(tmp, "boot"), Path(tmp, "violations.log")
-            tree.mkdir()
-            materialise(overlay(root, ch.n), tree)
-            boot.mkdir()
-            shutil.copyfile(TOOLS / "step_guard.py", boot / "_minisgl_step_guard.py")
-            shutil.copyfile(TOOLS / "step_runner.py", boot / "run_main.py")
-            (boot / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-            start = time.monotonic()
-            cmd = [sys.executable, str(boot / "run_main.py"), str(tree), str(ch.main.absolute())]
-            rc, out.stdout, lines = _run(cmd, root, _guarded_env(tree, boot, log), verbose, timeout)
-            out.seconds, out.output = time.monotonic() - start, tuple(lines)
-            seen = dict.fromkeys(log.read_text(encoding="utf-8").splitlines() if log.exists() else [])
-            for entry in seen:
-                name, where, who = entry.split("\t")
-                problems.append(f"越界导入 {name}（来自 {where}{'，在子进程中' if who == 'child' else ''}）")
+    if not ch.main.is_file():
+        out.error = "；".join(problems)
+        return out
+    with tempfile.TemporaryDirectory(prefix=f"minisgl-{ch.name}-") as tmp:
+        tree, boot = Path(tmp, "tree"), Path(tmp, "boot")
+        build(root, ch.n, tree)
+        boot.mkdir()
+        shutil.copyfile(TOOLS / "step_guard.py", boot / "_minisgl_step_guard.py")
+        shutil.copyfile(TOOLS / "step_runner.py", boot / "run_main.py")
+        (boot / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+        stages = [Stage("main", ["main.py"])]
+        if (tree / "tests").is_dir():
+            stages.append(Stage("测试", ["-m", "pytest", "-q", "-rfE"]))
+        start = time.monotonic()
+        for i, stage in enumerate(stages):
+            log = Path(tmp, f"violations-{i}.log")
+            cmd = [sys.executable, str(boot / "run_main.py"), str(tree), *stage.args]
+            rc, stdout, lines = _run(cmd, tree, _guarded_env(tree, boot, log), verbose, timeout)
+            failed = _violations(log)
             if rc is None:
-                problems.append(f"超时（{timeout:g} 秒）")
+                failed.append(f"超时（{timeout:g} 秒）")
             elif rc != 0:
-                problems.append(f"main 退出码 {rc}")
-    out.error, out.main_failed = "；".join(problems), len(problems) > static
+                failed.append(f"退出码 {rc}")
+            if stage.name == "main":
+                out.stdout, out.output = stdout, tuple(lines)
+            else:
+                out.tests = _pytest_summary(lines)
+            if failed:
+                problems += [f"{stage.name}：{p}" for p in failed]
+                out.ran_failed, out.output = True, tuple(lines)
+                break  # the tests of a chapter whose main fails would only repeat the failure
+        out.seconds = time.monotonic() - start
+    out.error = "；".join(problems)
     return out
 
 
@@ -420,9 +524,9 @@ def format_table(rows: list[list[str]]) -> str:
 
 
 def outcome_table(outcomes: list[Outcome]) -> str:
-    rows = [["章节", "标题", "新建", "修改", "提前", "秒", "结果"]]
-    rows += [[o.chapter.name, o.chapter.title, str(o.new), str(o.modified), str(o.early), f"{o.seconds:.1f}",
-              "通过" if o.passed else f"失败：{o.error}"] for o in outcomes]
+    rows = [["章节", "标题", "新建", "修改", "提前", "本章测试", "秒", "结果"]]
+    rows += [[o.chapter.name, o.chapter.title, str(o.new), str(o.modified), str(o.early), o.tests or "—",
+              f"{o.seconds:.1f}", "通过" if o.passed else f"失败：{o.error}"] for o in outcomes]
     return format_table(rows)
 
 
@@ -479,7 +583,7 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
     if live:
         sys.stderr.write("\r\033[K")
     for o in outcomes:
-        if o.main_failed and not verbose:
+        if o.ran_failed and not verbose:
             print(f"---- {o.chapter.name}: 输出的最后 {TAIL_LINES} 行 ----")
             print("".join(o.output[-TAIL_LINES:]).rstrip())
         if o.passed and save:
@@ -499,14 +603,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="steps.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root (default: %(default)s)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="run each chapter's main.py against its own package")
+    c = sub.add_parser("check", help="build each chapter and run its main and its own tests there")
     c.add_argument("chapters", nargs="*", help="3, 03 or ch03_models (default: all)")
     c.add_argument("--record", action="store_true", help="save passing runs to book/runs/")
     c.add_argument("-v", "--verbose", action="store_true", help="stream main's output")
     c.add_argument("--timeout", type=float, help="seconds allowed per chapter")
     for name, text in [("tree", "annotated file tree of a chapter"), ("diff", "what a chapter changed")]:
         sub.add_parser(name, help=text).add_argument("chapter")
-    b = sub.add_parser("build", help="copy a chapter's package and main.py into DIR")
+    b = sub.add_parser("build", help="copy a chapter's package, main, tests and example into DIR")
     b.add_argument("chapter")
     b.add_argument("dir", type=Path)
     sub.add_parser("link", help=f"regenerate python/{PACKAGE} from steps/")
@@ -524,9 +628,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "build":
             ch = find_chapter(root, args.chapter)
             build(root, ch.n, args.dir)
-            # The copied main finds models/ relative to itself, so suggest running the original.
-            print(f"第 {ch.n} 章的包在 {args.dir / PACKAGE}（main.py 也复制了一份）。在仓库根目录运行："
-                  f"PYTHONPATH={args.dir} python steps/{ch.name}/main.py")
+            example = chapter_example(root, ch)
+            print(f"第 {ch.n} 章搭好了：{args.dir}。在那个目录里运行：\n  python main.py"
+                  + ("\n  python -m pytest -q" if (args.dir / "tests").is_dir() else "")
+                  + (f"\n  python examples/{example.name}" if example else ""))
     except StepsError as e:
         print(f"steps.py: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPT, MAX_TOKENS = "The capital of France is", 16
 
 

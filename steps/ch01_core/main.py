@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import Batch, Context, Phase, Req, SamplingParams, get_global_ctx, set_global_ctx
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPT, MAX_TOKENS = "The capital of France is", 16
 
 

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from minisgl.layers import (Embedding, FusedAddRMSNorm, LMHead, Linear, MergedLinear, QKVLinear,
                             RMSNorm, RotaryEmbedding, SiluAndMul)
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 TOLERANCE = 1e-5
 results: list[bool] = []
 

@@ -16,7 +16,7 @@ from minisgl.core import Batch, Context, Phase, Req, SamplingParams, get_global_
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import CausalLM, load_model
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPT, MAX_TOKENS, NUM_PAGES, MAX_SEQ_LEN = "The capital of France is", 16, 64, 128
 
 

@@ -17,7 +17,7 @@ from minisgl.core import Batch, Context, Phase, Req, SamplingParams, get_global_
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import CausalLM, load_model
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPTS = ["The capital of France is", "List three prime numbers:",
            "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole"]
 MAX_TOKENS, PAGE_SIZE, NUM_PAGES, MAX_SEQ_LEN = 12, 4, 128, 128

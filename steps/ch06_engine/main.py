@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import Batch, Phase, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 MAX_TOKENS = 16
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
            "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole"]
@@ -96,6 +96,7 @@ def main() -> int:
             ok = req.output_ids == hf_greedy(hf, prompt_ids[req.uid])
             print(f"    请求 {req.uid}: {tokenizer.decode(req.output_ids)!r}  与 HF 单独运行一致: {ok}")
             failed |= not ok
+        engine.close()  # 交还全局 Context 和线程数，下一个模型的 Engine 从干净的进程开始
     return 1 if failed else 0
 
 

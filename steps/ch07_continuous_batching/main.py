@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 # (到达的步数, 提示词, max_tokens)：长短不一，所以离开的时间也不一样
 ARRIVALS = [(0, "The capital of France is", 12), (0, "List three prime numbers:", 6),
             (0, "def fibonacci(n):", 9), (3, "The quick brown fox", 5),

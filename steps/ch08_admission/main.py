@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
            "The quick brown fox", "Once upon a time", "My favourite colour is",
            "Water boils at", "The largest planet is", "import numpy as np", "Dear Sir or Madam,"]

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 SYSTEM = ("You are a careful assistant. Answer in one short sentence, use plain words, and "
           "never invent facts you are unsure about. If a question has no clear answer, say so "
           "and explain what is missing. Question: ")

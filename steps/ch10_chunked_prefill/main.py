@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 LONG = ("In the beginning the universe was created. This has made a lot of people very angry "
         "and been widely regarded as a bad move. Many races believe that it was created by some "
         "sort of god, though the Jatravartid people of Viltvodle VI believe that the entire "

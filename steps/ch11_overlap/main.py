@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 DOCUMENT = (
     "Mini-SGLang is a compact implementation of a large language model inference engine. It "
     "serves requests through an API server, a tokenizer process and one scheduler process per "

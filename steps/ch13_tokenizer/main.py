@@ -22,7 +22,7 @@ from minisgl.tokenizer import IncrementalDetokenizer, StopMatcher, TokenizeManag
 from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
+MODEL = Path("models/SmolLM2-135M-Instruct")  # from the repository root or a built tree
 CHAT = [{"role": "user", "content": "Write one sentence about the sea."}]
 TEXTS = ["你好，世界！", "emoji 🙂🚀 与 café", "日本語のテキスト😀"]
 

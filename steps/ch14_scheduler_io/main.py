@@ -23,7 +23,7 @@ from minisgl.scheduler.io import run_scheduler
 from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
+MODEL = Path("models/SmolLM2-135M-Instruct")  # from the repository root or a built tree
 PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
            "The sun rises in the"]
 MAX_TOKENS = 16

@@ -21,7 +21,7 @@ import openai
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
+MODEL = Path("models/SmolLM2-135M-Instruct")  # from the repository root or a built tree
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Write a haiku about the sea.", "What is 12 times 12?", "Say hello in Spanish.",
              "What do bees make?", "Give me a word that rhymes with cat.",

@@ -17,7 +17,7 @@ from minisgl.distributed import TPInfo, set_tp_info
 from minisgl.llm import LLM
 from minisgl.models import load_model
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
            "The sun rises in the"]
 MAX_TOKENS = 16

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
 
 from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import load_model
 from minisgl.utils import (Event, configure_cpu_threads, create_event, create_stream, pick_device,
@@ -26,8 +28,27 @@ class Engine:
     sampler — and runs batches that someone else (a main, later the scheduler) prepared."""
 
     def __init__(self, config: EngineConfig) -> None:
+        # How to put back each process-wide setting the constructor changes, oldest first.
+        self._undo: list[Callable[[], None]] = []
+        try:
+            self._build(config)
+        except BaseException:  # half-built: leave the process as we found it
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Undo what the constructor did to the process (the global Context, the CPU thread
+        count), newest first, so that the next Engine in this process starts from the state
+        this one found. Safe to call twice; the engine is not usable afterwards."""
+        while self._undo:
+            self._undo.pop()()
+
+    def _build(self, config: EngineConfig) -> None:
         self.device = pick_device(config.device)
-        self.num_threads = configure_cpu_threads() if self.device.type == "cpu" else 0
+        self.num_threads = 0
+        if self.device.type == "cpu":
+            self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
+            self.num_threads = configure_cpu_threads()
         self.stream = create_stream(self.device)
         self.model = load_model(config.model_path, config.dtype, self.device)
         model_config = self.model.config
@@ -52,7 +73,17 @@ class Engine:
                                                      self.page_table)
         self.ctx = Context(attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
+        self._undo.append(self._uninstall_ctx)
         self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
+
+    def _uninstall_ctx(self) -> None:
+        # Only if it is still ours: an engine created since has installed its own.
+        try:
+            installed = get_global_ctx()
+        except RuntimeError:  # none installed
+            return
+        if installed is self.ctx:
+            set_global_ctx(None)  # it points at our KV pool: let the pool be freed
 
     def _pages_that_fit(self, config: EngineConfig, page_bytes: int) -> int:
         if self.device.type == "cuda":

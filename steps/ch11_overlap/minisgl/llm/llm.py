@@ -6,7 +6,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from minisgl.core import SamplingParams, set_global_ctx
+from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
 
@@ -65,7 +65,8 @@ class LLM:
                 for uid in uids]
 
     def shutdown(self) -> None:
-        """Release the model and the KV pool: drop the scheduler, and the process-global
-        Context that still points at the engine's attention backend."""
+        """Release the model and the KV pool: close the engine (it uninstalls the process-global
+        Context, which points at its attention backend) and drop the scheduler."""
+        if self.scheduler is not None:
+            self.scheduler.engine.close()
         self.scheduler = None
-        set_global_ctx(None)

@@ -123,9 +123,12 @@ def run_scheduler(*, config: SchedulerConfig, rank: int, world_size: int, inbox:
     """A scheduler process: load the model, report ready with the limits the API server must
     know, then loop until an ExitMsg."""
     scheduler = Scheduler(config)
-    io = SchedulerIO(rank, world_size, inbox, broadcast, acks, reply)
-    io.handshake()
-    status.ready({"max_seq_len": scheduler.engine.max_seq_len})
-    loop = SchedulerLoop(scheduler, io)
-    while loop.run_once():
-        pass
+    try:
+        io = SchedulerIO(rank, world_size, inbox, broadcast, acks, reply)
+        io.handshake()
+        status.ready({"max_seq_len": scheduler.engine.max_seq_len})
+        loop = SchedulerLoop(scheduler, io)
+        while loop.run_once():
+            pass
+    finally:
+        scheduler.engine.close()

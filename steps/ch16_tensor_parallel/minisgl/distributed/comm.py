@@ -73,20 +73,21 @@ def init_distributed(info: TPInfo, device: torch.device, init_address: str | Non
                      timeout_s: float = 300.0) -> Communicator:
     """Install this process's TP rank and communicator. One rank without an address needs no
     process group; otherwise every rank must call this with the same address (tcp://host:port),
-    and the call returns once all of them have."""
+    and the call returns once all of them have. If it raises, nothing has been installed."""
     global _comm
-    set_tp_info(info)
     if info.size == 1 and init_address is None:
-        _comm = SingleRank()
-        return _comm
-    if init_address is None:
+        comm: Communicator = SingleRank()
+    elif init_address is None:
         raise ValueError(f"TP size {info.size} needs an init address for the process group")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_address, rank=info.rank,
-                            world_size=info.size, timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
-    _comm = TorchDistributed(info.size, device)
-    return _comm
+    else:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_address, rank=info.rank,
+                                world_size=info.size, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+        comm = TorchDistributed(info.size, device)
+    set_tp_info(info)
+    _comm = comm
+    return comm
 
 
 def destroy_distributed() -> None:

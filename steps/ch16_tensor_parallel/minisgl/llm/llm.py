@@ -8,8 +8,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from minisgl.core import SamplingParams, set_global_ctx
-from minisgl.distributed import destroy_distributed
+from minisgl.core import SamplingParams
 from minisgl.engine import check_request_fits
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
@@ -41,10 +40,9 @@ class InProcess:
         return self.scheduler.step()
 
     def shutdown(self) -> None:
-        # The process-global Context still points at the engine's attention backend, and a
-        # process group (NCCL at world size 1) would stop the next LLM from forming its own.
-        set_global_ctx(None)
-        destroy_distributed()
+        # Frees the KV pool (the global Context points at it), and a process group (NCCL at
+        # world size 1) that would stop the next LLM from forming its own.
+        self.scheduler.engine.close()
 
 
 @dataclass

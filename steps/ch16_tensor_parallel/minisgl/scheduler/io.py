@@ -15,7 +15,6 @@ import msgpack
 
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                              UserMsg, batched, decode, encode, unbatch)
-from minisgl.distributed import destroy_distributed
 from minisgl.utils.process import (ReadyQueue, Reporter, free_tcp_port, start_process,
                                    stop_processes)
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
@@ -143,15 +142,15 @@ def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: 
     """A scheduler process, TP rank config.tp_rank: load this rank's shards, report ready with
     the limits the API server must know, then loop until an ExitMsg."""
     scheduler = Scheduler(config)
-    io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
-    io.handshake()
-    status.ready({"max_seq_len": scheduler.engine.max_seq_len})
-    loop = SchedulerLoop(scheduler, io)
     try:
+        io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
+        io.handshake()
+        status.ready({"max_seq_len": scheduler.engine.max_seq_len})
+        loop = SchedulerLoop(scheduler, io)
         while loop.run_once():
             pass
     finally:
-        destroy_distributed()
+        scheduler.engine.close()  # its process group too
 
 
 @dataclass(frozen=True)
