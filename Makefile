@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # machine, e.g. `make test TORCH=torch`.
 TORCH  ?= torch==2.13.0
 
-.PHONY: check test book serve setup models
+.PHONY: check test book serve setup models mutate
 check: setup
 	$(PY) tools/steps.py check
 	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
@@ -20,6 +20,10 @@ book: setup
 
 serve: setup
 	$(PY) -m mkdocs serve
+
+# Mutation testing of the bookkeeping modules (not part of CI: tens of minutes; see the script).
+mutate: setup
+	$(PY) tools/mutate.py $(MUTATE)
 
 setup: $(VENV)/.installed models
 

@@ -28,6 +28,7 @@ print("加载成功后 0.norm.weight 在", model[0].norm.weight.device)
 
 rope = RotaryEmbedding(head_dim=4, max_position=16, base=10000.0)
 q = torch.ones(3, 4)
-k = q.clone()
-rope.forward(torch.tensor([0, 1, 2]), q, k)  # 原地旋转
-print("位置 0、1、2 上旋转后的 q：\n", q)
+rope.forward(torch.tensor([0, 1, 2]), q, q.clone())  # 原地旋转 q（和 k）
+print("全 1 的 q 在位置 0、1、2 上旋转后：")
+for position, row in enumerate(q.tolist()):
+    print(f"  位置 {position}：{[round(x, 4) for x in row]}")

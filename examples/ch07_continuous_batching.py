@@ -1,24 +1,34 @@
-"""第 7 章示例：请求在不同的步到达、在不同的步离开，调度器每一步只算在跑的请求。"""
+"""第 7 章示例：连续批处理。page table 只有 2 行，4 个请求在不同的步到达：有空行的新请求先
+prefill，否则在跑的请求一起 decode；谁的 max_tokens 用完谁就离开，空出的行马上给排队的请求。"""
 
-from transformers import AutoTokenizer
+import os
 
-from minisgl.core import SamplingParams
-from minisgl.scheduler import Scheduler, SchedulerConfig
+# 第 11 章起调度默认重叠，每一步交出的是上一步的结果；本例要看逐步的调度，所以关掉它。
+# 本章的代码里还没有这个开关，这一行在本章不起作用。
+os.environ.setdefault("MINISGL_DISABLE_OVERLAP_SCHEDULING", "1")
 
-path = "models/tiny-llama"
+from transformers import AutoTokenizer  # noqa: E402
+
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+
+path = "models/SmolLM2-135M-Instruct"
 tokenizer = AutoTokenizer.from_pretrained(path)
-scheduler = Scheduler(SchedulerConfig(path, max_running_req=2, num_page_override=64,
-                                      max_seq_len_override=64, overlap=False))
-arrivals = {0: [("A", 3), ("B", 5)], 2: [("C", 2)], 4: [("D", 2)]}  # 第几步到达：(名字, max_tokens)
-names, step = {}, 0
+scheduler = Scheduler(SchedulerConfig(path, max_running_req=2, page_size=4, num_page_override=64,
+                                      max_seq_len_override=64))
+arrivals = {0: [("A", "The capital of France is", 3), ("B", "def fibonacci(n):", 5)],
+            2: [("C", "The quick brown fox", 2)], 4: [("D", "Once upon a time", 2)]}  # 到达的步
+names, outputs, step = [], {}, 0
 while scheduler.has_work or any(s >= step for s in arrivals):
-    for name, max_tokens in arrivals.get(step, []):
-        uid = len(names)
-        names[uid] = name
-        scheduler.add_request(uid, tokenizer(f"Request {name}:").input_ids,
-                              SamplingParams(max_tokens=max_tokens))
+    for name, prompt, max_tokens in arrivals.get(step, []):
+        scheduler.add_request(len(names), tokenizer(prompt).input_ids,
+                              SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        names.append(name)
     results = scheduler.step()
-    print(f"第 {step} 步：" + "，".join(
-        f"{names[r.uid]}{'（完成）' if r.finished else ''}" for r in results) +
-          f"；等待 {len(scheduler.prefill.pending)} 个")
+    for r in results:
+        outputs.setdefault(names[r.uid], []).append(r.token)
+    print(f"第 {step} 步：" + "、".join(names[r.uid] + ("（完成）" if r.finished else "")
+                                      for r in results) + f"；排队 {len(scheduler.prefill.pending)} 个")
     step += 1
+for name, ids in outputs.items():
+    print(f"{name}：{tokenizer.decode(ids)!r}")

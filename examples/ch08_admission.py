@@ -1,16 +1,30 @@
-"""第 8 章示例：KV 池太小时，PrefillAdder 让放不下的请求排队，直到在跑的请求释放出页。"""
+"""第 8 章示例：准入控制。KV 池只有 12 页（每页 4 个 token），5 个请求同时到达，每个一生要
+ceil((12 + 10 - 1) / 4) = 6 页。只有"在跑的请求已占的页 + 还要的页 + 新请求一生要的页"不超过
+12 页时才放行，所以同时只跑两个；其余按到达顺序排队，等在跑的请求结束、还回它们的页。"""
 
-from minisgl.core import SamplingParams
-from minisgl.scheduler import Scheduler, SchedulerConfig
+import os
 
-scheduler = Scheduler(SchedulerConfig("models/tiny-qwen3", max_running_req=8, page_size=4,
-                                      num_page_override=12, max_seq_len_override=48, overlap=False))
-for uid in range(5):  # 每个请求一生要 ceil((12 + 10 - 1) / 4) = 6 页；池里只有 12 页
-    scheduler.add_request(uid, list(range(100 + uid, 112 + uid)),
+# 第 11 章起调度默认重叠，每一步交出的是上一步的结果；本例要看逐步的调度，所以关掉它。
+# 本章的代码里还没有这个开关，这一行在本章不起作用。
+os.environ.setdefault("MINISGL_DISABLE_OVERLAP_SCHEDULING", "1")
+
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+
+scheduler = Scheduler(SchedulerConfig("models/SmolLM2-135M-Instruct", max_running_req=8,
+                                      page_size=4, num_page_override=12, max_seq_len_override=48))
+for uid in range(5):  # 提示词是 12 个任意的 token id
+    scheduler.add_request(uid, list(range(1000 + 20 * uid, 1012 + 20 * uid)),
                           SamplingParams(max_tokens=10, ignore_eos=True))
-step = 0
+outputs, step = {}, 0
 while scheduler.has_work:
     results = scheduler.step()
-    print(f"第 {step:2d} 步：{[r.uid for r in results]}，等待 {len(scheduler.prefill.pending)}，"
-          f"空闲页 {len(scheduler.cache.free_pages)}，在跑请求还要 {scheduler.decode.reserved_pages} 页")
+    for r in results:
+        outputs.setdefault(r.uid, []).append(r.token)
+    running = scheduler.decode.running
+    held = sum(-(-r.cached_len // 4) for r in running)  # 每个请求已算的 token 占的页
+    print(f"第 {step:2d} 步：算了 {[r.uid for r in results]}，排队 {len(scheduler.prefill.pending)}；"
+          f"在跑的请求已占 {held} 页、还要 {scheduler.decode.reserved_pages} 页")
     step += 1
+for uid, ids in outputs.items():
+    print(f"请求 {uid}：{ids}")

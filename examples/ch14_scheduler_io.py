@@ -3,6 +3,7 @@
 送进两个请求，边收边打印每一条 DetokenizeMsg；第一个请求结束后取消第二个，再要一份统计，最后 ExitMsg。
 """
 
+from inspect import signature
 from pathlib import Path
 
 import torch
@@ -31,9 +32,11 @@ if __name__ == "__main__":  # 子进程用 spawn 启动，会重新 import 本�
     config = SchedulerConfig(model_path=str(MODEL), dtype=torch.float32, max_running_req=4,
                              num_page_override=512, max_seq_len_override=256)
     status = ReadyQueue()
-    # 只有一个 rank（config.tp_size 默认为 1）：不建 PUB，也不握手
-    process = start_process(run_scheduler, "scheduler", status, config=config, inbox=inbox,
-                            broadcast=broadcast, acks=acks, reply=replies)
+    # 只有一个 rank（world_size=1）：不建 PUB，也不握手。本章的 run_scheduler 直接收 rank 和
+    # world_size；第 16 章把它们挪进 config（tp_rank、tp_size，默认就是单卡），不再单独传
+    place = dict(rank=0, world_size=1) if "rank" in signature(run_scheduler).parameters else {}
+    process = start_process(run_scheduler, "scheduler", status, config=config, **place,
+                            inbox=inbox, broadcast=broadcast, acks=acks, reply=replies)
     from_scheduler = PullQueue(replies, bind=True, decode=decode)  # 我们就是"反分词进程"
     to_scheduler = PushQueue(inbox, bind=False, encode=encode)
     try:

@@ -1,5 +1,8 @@
 """第 16 章示例：张量并行。同一个模型、同样的提示词，TP=1 与 TP=2 逐 token 相同；
-再在本进程里依次扮演两个 rank 载入模型，看每个 rank 手里的权重是什么形状。"""
+再在本进程里依次扮演两个 rank 载入模型，看每个 rank 手里的权重是什么形状。
+
+用的是 tiny-qwen3 而不是默认的 SmolLM2：TP=2 要把注意力头平分给两个 rank，SmolLM2 的
+9 个 Q 头、3 个 KV 头都是奇数，分不开；tiny-qwen3 是 8 个 Q 头、4 个 KV 头。"""
 
 import time
 
@@ -32,6 +35,10 @@ def main() -> None:
     one, two = generate(1), generate(2)
     same = [a["token_ids"] for a in one] == [b["token_ids"] for b in two]
     print("TP=2 与 TP=1 的 token 完全相同:", same)
+    try:  # 在启动器里就被拒绝，还没起任何 rank 进程
+        LLM("models/SmolLM2-135M-Instruct", tp_size=2)
+    except ValueError as error:
+        print("SmolLM2 开 TP=2 → ValueError:", error)
 
     print("每个 rank 只载入自己的那一份（在本进程里依次扮演 rank 0、rank 1）：")
     for rank in range(2):

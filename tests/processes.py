@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -148,3 +149,20 @@ class Child:
     def socket_files(self) -> list[str]:
         """The IPC socket files of this launcher's run (their names start with its pid)."""
         return glob.glob(os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*"))
+
+
+def run_example(name: str, timeout: float = 300.0) -> str:
+    """Run examples/<name> as a reader does (`python examples/<name>` from the tree root), on
+    this process's package; its stdout. Fails on a non-zero exit, or kills its whole session
+    (any server or rank it started) after `timeout` seconds."""
+    proc = subprocess.Popen([sys.executable, f"examples/{name}"], cwd=ROOT, env=minisgl_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"examples/{name} did not finish within {timeout:.0f} s:\n{out}{err}")
+    assert proc.returncode == 0, f"examples/{name} exited with {proc.returncode}:\n{out}{err}"
+    return out

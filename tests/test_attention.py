@@ -234,3 +234,21 @@ def test_ragged_batch_logits_match_hf_per_prompt(name, hf_model, our_model):
     hf = hf_model(name)
     theirs = torch.cat([hf(torch.tensor([p])).logits[:, -1] for p in PROMPTS])
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
+
+
+# --- the chapter's example ---
+
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_batches_three_lengths_like_dense_causal_attention():
+    out = run_example("ch05_attention.py")
+    lengths = [3, 9, 5]  # its three requests, packed one after another in the batch
+    last = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+    assert f"每个请求最后一个 token 在 batch 中的下标： {last}" in out
+    # Each request's slice against torch's own dense causal SDPA (enable_gqa) on the same q/k/v.
+    errors = re.findall(r"^长度 (\d+) 的请求：与稠密因果 SDPA 的最大误差 (\S+)$", out, re.M)
+    assert [int(n) for n, _ in errors] == lengths
+    assert all(float(e) < 1e-5 for _, e in errors), errors

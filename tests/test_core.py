@@ -153,3 +153,33 @@ def test_set_global_ctx_installs_the_context(monkeypatch):
 ])
 def test_sampling_params_is_greedy(params, greedy):
     assert params.is_greedy is greedy
+
+
+# --- the chapter's example ---
+
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_walks_a_req_and_shows_the_promised_errors():
+    out = run_example("ch01_core.py")
+    prompt_len, output_len = 5, 3  # its request: 5 prompt tokens, output_len=3
+    rows = [tuple(map(int, r)) for r in re.findall(
+        r"cached_len=(\d+), device_len=(\d+), max_device_len=(\d+)\) extend_len=(\d+)", out)]
+    # Before any forward everything is to compute; after step k the cached part is all but the
+    # token sampled last, which is the single token of the next step.
+    total = prompt_len + output_len
+    assert rows == [(0, prompt_len, total, prompt_len)] + [
+        (prompt_len + k - 1, prompt_len + k, total, 1) for k in range(1, output_len + 1)]
+    assert f"remain_len={output_len}" in out
+    assert re.findall(r"can_decode=(\w+)", out) == ["True"] * (output_len - 1) + ["False"]
+    assert "输出 token: [7042, 30, 198]" in out  # the three tokens it appends, in order
+    # Each rejected value is named in its message ("top_p must be in (0, 1], got 0" in the book).
+    for field, value in [("temperature", -1.0), ("top_p", 0.0), ("top_k", 0), ("max_tokens", 0)]:
+        assert re.search(rf"ValueError: {field} must be .*, got {re.escape(str(value))}$", out,
+                         re.M), field
+    assert "ctx.batch 就是 decode batch" in out
+    assert re.search(r"^嵌套 forward_batch → RuntimeError: .*nest", out, re.M)
+    assert re.search(r"^forward_batch 之外读 ctx.batch → RuntimeError: .*"
+                     r"with ctx\.forward_batch\(batch\):", out, re.M)

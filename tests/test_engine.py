@@ -276,3 +276,25 @@ def test_a_constructor_failing_half_way_leaves_the_process_as_it_found_it(tiny_q
     with pytest.raises(RuntimeError, match="no sampler"):
         make_engine(tiny_qwen3_path, device="cpu")
     assert installed_ctx() is None and torch.get_num_threads() == fresh_process
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_greedy_row_is_transformers_greedy(hf_model, hf_tokenizer, hf_greedy):
+    out = run_example("ch06_engine.py")
+    assert re.search(r"^设备 \w+，\d+ 个线程，KV 池 64 页$", out, re.M)  # num_page_override=64
+    texts = [ast.literal_eval(t) for t in re.findall(r"^  → (.*)$", out, re.M)]
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    tokenizer = hf_tokenizer(SMOLLM2)
+    prompt = tokenizer("The capital of France is").input_ids
+    # Row 0 is greedy: 12 tokens, the example does not stop at EOS.
+    assert texts[0] == tokenizer.decode(hf_greedy(hf_model(SMOLLM2), prompt, 12))
+    assert re.search(r"^SamplingParams\(temperature=0\.8, .*top_p=0\.9", out, re.M)
+    # The book's message for a request that cannot fit: max_seq_len_override=64, 60 + 16 > 64.
+    assert "ValueError: prompt has 60 tokens and asks for up to 16 more; max_seq_len is 64" in out

@@ -90,3 +90,29 @@ def test_page_bytes_matches_the_buffer_size(dtype, page_size):
     buffer_bytes = pool._buffer.numel() * pool._buffer.element_size()
     assert pool.bytes_per_page * pool.num_pages == buffer_bytes
     assert MHAKVPool.page_bytes(LAYERS, page_size, HEADS, DIM, dtype) == buffer_bytes // 6
+
+
+# --- the chapter's example ---
+
+import json  # noqa: E402
+import re  # noqa: E402
+
+from conftest import MODELS_DIR, SMOLLM2  # noqa: E402
+from processes import run_example  # noqa: E402
+
+
+def test_example_prints_page_sizes_and_where_store_kv_wrote():
+    out = run_example("ch04_kv_pool.py")
+    hf = json.loads((MODELS_DIR / SMOLLM2 / "config.json").read_text())
+    head_dim = hf["hidden_size"] // hf["num_attention_heads"]
+    # bytes per page = 2 (K and V) × layers × page_size × kv_heads × head_dim × 4 (float32)
+    smol = 2 * hf["num_hidden_layers"] * 4 * hf["num_key_value_heads"] * head_dim * 4
+    assert re.search(rf"^SmolLM2.*page_size=4：一页 {smol} 字节$", out, re.M)
+    toy = 2 * 2 * 4 * 2 * 3 * 4  # its pool: 2 layers, page_size 4, 2 KV heads, head_dim 3
+    assert f"玩具池：6 页 × 4 token = {6 * 4} 个 slot；一页 {toy} 字节（K 和 V，2 层）" in out
+    # Token i (K = i, V = -i) went to slot page_table_row[i] = [12, 13, 14, 15, 4][i]: page 3
+    # holds tokens 0-3, page 1 starts with token 4, the rest of page 1 was never written.
+    assert "第 1 层 K 的第 3 页（每个 slot 取头 0、维 0）： [0.0, 1.0, 2.0, 3.0]" in out
+    assert "第 1 层 K 的第 1 页（每个 slot 取头 0、维 0）： [4.0, 0.0, 0.0, 0.0]" in out
+    assert f"第 1 层 V 的 slot 4： {[[-4.0] * 3] * 2}" in out
+    assert "第 0 层没写过，仍是 0： 0.0" in out

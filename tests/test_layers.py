@@ -279,3 +279,37 @@ def test_unloaded_parameter_stays_on_meta():
     norm = RMSNorm(4, 1e-6)
     norm.load_state_dict({"weight": torch.ones(4)})
     assert not norm.weight.is_meta and Linear(4, 3).weight.device.type == "meta"
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_names_slots_reports_load_errors_and_rotates():
+    out = run_example("ch02_layers.py")
+    # OPList of two Blocks (RMSNorm(8) as `norm`, MergedLinear(8, [16, 16]) as `gate_up_proj`):
+    # names are attribute paths, slots have the shapes but live on meta.
+    for i in range(2):
+        assert re.search(rf"^{i}\.norm\.weight +\(8,\) +device=meta$", out, re.M)
+        assert re.search(rf"^{i}\.gate_up_proj\.weight +\(32, 8\) +device=meta$", out, re.M)
+    assert ("少一个张量: KeyError: \"checkpoint is missing 1 tensor(s), e.g. ['1.norm.weight']\""
+            in out)
+    assert ("多一个张量: KeyError: \"checkpoint has 1 unexpected tensor(s), e.g. "
+            "['2.norm.weight']\"" in out)
+    shape_line = re.search(r"^形状不对: ValueError: (.*)$", out, re.M).group(1)
+    assert "'0.norm.weight'" in shape_line and "(9,)" in shape_line and "(8,)" in shape_line
+    assert "加载成功后 0.norm.weight 在 cpu" in out
+    # RoPE by hand (rotate-half, head_dim 4, base 10000): a vector of ones at position p becomes
+    # [cos - sin, cos + sin] per frequency 1 / 10000^(2i/4).
+    rows = {int(p): ast.literal_eval(r) for p, r in re.findall(r"位置 (\d)：(\[.*\])", out)}
+    assert sorted(rows) == [0, 1, 2]
+    for p, row in rows.items():
+        angles = [p / 10000.0 ** (2 * i / 4) for i in range(2)]
+        expected = ([math.cos(a) - math.sin(a) for a in angles]
+                    + [math.cos(a) + math.sin(a) for a in angles])
+        assert row == pytest.approx(expected, abs=1e-4)

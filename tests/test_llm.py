@@ -1,15 +1,13 @@
 """llm.LLM: the offline generate() over the scheduler — prompt forms, sampling params, order,
 alignment with transformers, EOS handling, input validation before anything is queued,
-shutdown, the chapter-0 quickstart on SmolLM2, and seeded sampling."""
+shutdown, and seeded sampling (the chapter-0 quickstart: tests/test_quickstart.py)."""
 
 from __future__ import annotations
-
-import ast
 
 import pytest
 import torch
 
-from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_QWEN3
+from conftest import MODELS_DIR, TINY_QWEN3
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 
@@ -170,35 +168,7 @@ def test_generate_after_shutdown_raises(llm):
         llm.generate(PROMPTS, greedy(4))
 
 
-# --- SmolLM2 and sampling -------------------------------------------------------------------------
-
-def quickstart() -> tuple[dict, list[str]]:
-    """The LLM keyword arguments (literal ones) and the prompts of examples/ch00_quickstart.py,
-    read from its source so that this test follows the example."""
-    tree = ast.parse((ROOT / "examples" / "ch00_quickstart.py").read_text())
-    kwargs, prompts = {}, None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LLM":
-            for kw in node.keywords:
-                try:
-                    kwargs[kw.arg] = ast.literal_eval(kw.value)
-                except ValueError:  # dtype=torch.float32: not a literal
-                    pass
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "prompts":
-            prompts = ast.literal_eval(node.value)
-    assert prompts and kwargs
-    return kwargs, prompts
-
-
-def test_quickstart_prompts_on_smollm2_start_with_paris():
-    kwargs, prompts = quickstart()  # its own configuration; 3 tokens instead of 16
-    llm = LLM(str(MODELS_DIR / SMOLLM2), dtype=torch.float32, **kwargs)
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=3, ignore_eos=True))
-    llm.shutdown()
-    assert len(outputs) == len(prompts) and all(len(o["token_ids"]) == 3 for o in outputs)
-    assert prompts[0] == "The capital of France is"
-    assert outputs[0]["text"].startswith(" Paris.")
-
+# --- sampling -------------------------------------------------------------------------------------
 
 def sample(seed: int) -> list[list[int]]:
     llm = make_llm(seed=seed)

@@ -133,3 +133,37 @@ def test_put_raw_forwards_bytes_unchanged_to_every_subscriber():
     finally:
         for q in (pub, *subs):
             q.close()
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import re  # noqa: E402
+import struct  # noqa: E402
+
+import msgpack  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_shows_the_wire_format_and_a_push_pull_round_trip():
+    out = run_example("ch12_message.py")
+    lines = out.splitlines()
+    size = int(re.match(r"(\d+) 字节；msgpack 解开后是：", lines[0]).group(1))
+    wire = ast.literal_eval(lines[1])
+    # A tagged map: the class name, the fields, the tensor as dtype + shape + raw little-endian
+    # bytes, the nested dataclass tagged too.
+    assert wire["__type__"] == "UserMsg" and wire["uid"] == 3
+    assert wire["input_ids"] == {"__tensor__": "int32", "shape": [3],
+                                 "data": struct.pack("<3i", 504, 3575, 282)}
+    assert wire["sampling_params"]["__type__"] == "SamplingParams"
+    assert wire["sampling_params"]["max_tokens"] == 8
+    assert len(msgpack.packb(wire)) == size  # what it printed is all there is on the wire
+    assert re.search(r"^decode 回来： UserMsg\(uid=3, input_ids=tensor\(\[ *504, +3575, +282\], "
+                     r"dtype=torch\.int32\), sampling_params=SamplingParams\(.*max_tokens=8",
+                     out, re.M)
+    received = re.search(r"^经 ipc://\S+ 收到： (.*)$", out, re.M).group(1)
+    assert received.startswith("BatchMsg(")
+    assert re.findall(r"DetokenizeMsg\(uid=(\d+), next_token=(\d+), finished=(\w+)",
+                      received) == [("3", "7042", "False"), ("3", "30", "True")]
+    assert "再等 100 毫秒没有新消息： None" in out

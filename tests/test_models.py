@@ -256,3 +256,49 @@ def test_registry_double_registration_raises():
     with pytest.raises(ValueError, match="'x'.*twice"):
         registry.register("x")(2)
     assert registry.get("x") == 1
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import re  # noqa: E402
+
+from safetensors import safe_open  # noqa: E402
+
+from conftest import MODELS_DIR  # noqa: E402
+from processes import run_example  # noqa: E402
+
+
+def test_example_builds_smollm2_from_its_config_and_names_the_failures():
+    out = run_example("ch03_models.py")
+    hf = json.loads((MODELS_DIR / SMOLLM2 / "config.json").read_text())
+    config_line = out.splitlines()[0]
+    for field, value in [("architecture", f"'{hf['architectures'][0]}'"),
+                         ("num_layers", hf["num_hidden_layers"]),
+                         ("hidden_size", hf["hidden_size"]),
+                         ("intermediate_size", hf["intermediate_size"]),
+                         ("num_q_heads", hf["num_attention_heads"]),
+                         ("num_kv_heads", hf["num_key_value_heads"]),
+                         ("head_dim", hf["hidden_size"] // hf["num_attention_heads"]),
+                         ("vocab_size", hf["vocab_size"]),
+                         ("tie_word_embeddings", hf["tie_word_embeddings"])]:
+        assert f"{field}={value}," in config_line, field
+    # The checkpoint's tensors, with q/k/v fused into one and gate/up into one per layer; a tied
+    # lm_head is the embedding, not a tensor of its own.
+    with safe_open(MODELS_DIR / SMOLLM2 / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    expected = len(keys) - 3 * hf["num_hidden_layers"]
+    if hf["tie_word_embeddings"] and "lm_head.weight" in keys:
+        expected -= 1
+    count, first, last = re.search(r"^(\d+) 个参数张量.*比如 (\[.*\]) … (\[.*\])$", out,
+                                   re.M).groups()
+    assert int(count) == expected
+    for name in ast.literal_eval(first) + ast.literal_eval(last):
+        unfused = name.replace("qkv_proj", "q_proj").replace("gate_up_proj", "gate_proj")
+        assert unfused in keys, name
+    names = ast.literal_eval(re.search(r"^注册过的结构： (\[.*\])$", out, re.M).group(1))
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM"} <= set(names)
+    # The book's format: what kind of thing, what was asked for, what exists.
+    assert (f"ValueError: unknown model architecture 'MysteryForCausalLM'; known: "
+            f"{', '.join(names)}") in out
+    assert re.search(r"^FileNotFoundError: .*'models/does-not-exist'", out, re.M)

@@ -26,7 +26,7 @@ from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_scheduler
 from minisgl.utils.process import (ReadyQueue, start_process, stop_processes,
                                    wait_ready)
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue, ipc_address, new_run_id
-from test_scheduler import held_requests
+from scheduler_helpers import held_requests
 
 CHAPTER = 14  # tools/steps.py check runs this module on chapter 14's own tree
 
@@ -598,3 +598,39 @@ def test_zmq_default_high_water_mark_drops_frames_silently():
     finally:
         pub.close()
         sub.close()
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+
+from conftest import SMOLLM2  # noqa: E402
+from processes import run_example  # noqa: E402
+
+
+def test_example_streams_greedy_tokens_aborts_and_gets_every_page_back(hf_model, hf_tokenizer,
+                                                                        hf_greedy):
+    out = run_example("ch14_scheduler_io.py", timeout=600)
+    tokenizer, hf = hf_tokenizer(SMOLLM2), hf_model(SMOLLM2)
+    eos = json.loads((MODELS_DIR / SMOLLM2 / "generation_config.json").read_text())["eos_token_id"]
+    rows = re.findall(r"^  uid=(\d+) token= *(-?\d+) .* finished=(True|False) ?(.*)$", out, re.M)
+    got = {uid: [(int(t), f == "True", e) for u, t, f, e in rows if u == uid] for uid in "01"}
+    # Request 0: greedy, max_tokens=8, stops at EOS if transformers' greedy reaches one first.
+    want = hf_greedy(hf, tokenizer("The capital of France is").input_ids, 8)
+    want = want[: want.index(eos) + 1] if eos in want else want
+    assert [t for t, _, _ in got["0"]] == want
+    assert [f for _, f, _ in got["0"]] == [False] * (len(want) - 1) + [True]
+    # Request 1 (ignore_eos, up to 200) is aborted: the tokens it got before that are
+    # transformers' greedy ones, then one last message without a token says so.
+    *tokens, last = got["1"]
+    assert last == (-1, True, "aborted") and len(tokens) < 200
+    ids = [t for t, finished, _ in tokens if not finished]
+    assert len(ids) == len(tokens)
+    assert ids == hf_greedy(hf, tokenizer("Tell me a long story.").input_ids, len(ids))
+    stats = ast.literal_eval(re.search(r"^统计（请求 99）：(\{.*\})$", out, re.M).group(1))
+    assert stats["num_pages"] == 512  # num_page_override
+    assert stats["free_pages"] + stats["cached_pages"] == 512
+    assert stats["running"] == stats["waiting"] == 0
+    assert "ExitMsg 之后调度器进程的退出码： 0" in out

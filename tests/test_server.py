@@ -558,3 +558,26 @@ def test_sigterm_while_loading_stops_cleanly():
     assert code == 130  # like Ctrl-C
     assert not wait_all_gone(proc.children, timeout=5.0)
     assert not proc.socket_files()
+
+
+# --- the chapter's example ---
+
+from conftest import MODELS_DIR, SMOLLM2  # noqa: E402
+from processes import run_example  # noqa: E402
+
+
+def test_example_streams_transformers_greedy_answer_and_stops_on_ctrl_c(hf_model, hf_tokenizer,
+                                                                         hf_greedy):
+    out = run_example("ch15_api_server.py", timeout=600)
+    assert "[服务] minisgl: ready" in out
+    tokenizer = hf_tokenizer(SMOLLM2)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=True,
+                                                     tokenize=False),
+                       add_special_tokens=False).input_ids
+    eos = json.loads((MODELS_DIR / SMOLLM2 / "generation_config.json").read_text())["eos_token_id"]
+    answer = hf_greedy(hf_model(SMOLLM2), prompt, 48)  # temperature=0, max_tokens=48
+    answer = answer[: answer.index(eos) + 1] if eos in answer else answer
+    text = tokenizer.decode(answer, skip_special_tokens=True)
+    assert f"回答：{text}\n用量：提示词 {len(prompt)} 个 token，回答 {len(answer)} 个\n" in out
+    assert "[服务] minisgl: stopped" in out and out.rstrip().endswith("退出码 0")

@@ -763,3 +763,39 @@ def test_tp2_engines_closed_and_recreated_in_one_process(reopened2):
             if "OMP_NUM_THREADS" not in os.environ:
                 assert opened["threads"] != r["before"]["threads"]
             assert r[f"closed{i}"] == r[f"closed_twice{i}"] == r["before"]
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_tp2_matches_transformers_and_shards_as_the_formula_says(hf_model, hf_tokenizer,
+                                                                          hf_greedy):
+    out = run_example("ch16_tensor_parallel.py", timeout=600)
+    tokenizer, hf = hf_tokenizer(TINY_QWEN3), hf_model(TINY_QWEN3)
+    want = [tokenizer.decode(hf_greedy(hf, tokenizer(p).input_ids, 12))  # 12 tokens, ignore_eos
+            for p in ["The capital of France is", "def fibonacci(n):"]]
+    blocks = re.findall(r"^TP=(\d)（含启动 [\d.]+ 秒）\n((?:  '.*'\n|  \".*\"\n)+)", out, re.M)
+    assert [tp for tp, _ in blocks] == ["1", "2"]
+    for _, block in blocks:
+        assert [ast.literal_eval(line.strip()) for line in block.splitlines()] == want
+    assert "TP=2 与 TP=1 的 token 完全相同: True" in out
+    assert ("SmolLM2 开 TP=2 → ValueError: the number of query heads (9) is not divisible by "
+            "the TP size 2") in out  # the book's message, from the launcher
+    # Each rank's shards by hand: column-parallel layers split their output rows, row-parallel
+    # ones their input columns, the vocabulary is split in halves.
+    c = json.loads((MODELS_DIR / TINY_QWEN3 / "config.json").read_text())
+    hidden, head, inter, vocab = (c["hidden_size"], c["head_dim"], c["intermediate_size"],
+                                  c["vocab_size"])
+    q, kv = c["num_attention_heads"] // 2, c["num_key_value_heads"] // 2
+    shapes = {"qkv_proj": ((q + 2 * kv) * head, hidden), "o_proj": (hidden, q * head),
+              "gate_up_proj": (2 * (inter // 2), hidden), "down_proj": (hidden, inter // 2),
+              "embed_tokens": (vocab // 2, hidden), "lm_head": (vocab // 2, hidden)}
+    for rank in range(2):
+        line = re.search(rf"^  rank {rank}: (.*)$", out, re.M).group(1)
+        assert line == "，".join(f"{name} {shape}" for name, shape in shapes.items())

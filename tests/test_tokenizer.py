@@ -160,6 +160,91 @@ def test_the_decode_window_stays_short(tok):
     assert detok.finish() == ""
 
 
+# --------------------------------------------------------------------------- a SentencePiece-style tokenizer
+# SmolLM2's tokenizer is byte-level BPE: a token decodes to the same text wherever it stands.
+# SentencePiece tokenizers (Llama 2, Mistral, Gemma) do not: "▁" marks a word's leading space
+# and decoding drops the space of the first token, so "▁world" alone is "world" but after
+# "▁Hello" is " world"; characters outside the vocabulary fall back to byte tokens <0xNN>.
+
+META_WORDS = ["▁Hello", "▁world", "▁again", "▁你好", "世界", "，", "！", "▁"]
+META_LETTERS = list("abcdefghijklmnopqrstuvwxyz") + [f"▁{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+
+
+@pytest.fixture(scope="module")
+def meta_tok():
+    """An in-memory Unigram tokenizer with a Metaspace pre-tokenizer and decoder and byte
+    fallback, as transformers wraps a SentencePiece model: no files, no downloads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]
+             + [(f"<0x{b:02X}>", -10.0) for b in range(256)]
+             + [(w, -1.0) for w in META_WORDS] + [(c, -2.0) for c in META_LETTERS])
+    tokenizer = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tokenizer.decoder = decoders.Sequence([
+        decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>",
+                                   bos_token="<s>", eos_token="</s>")
+
+
+def test_a_metaspace_token_decodes_alone_without_its_leading_space(meta_tok):
+    ids = meta_tok("Hello world", add_special_tokens=False).input_ids
+    assert meta_tok.convert_ids_to_tokens(ids) == ["▁Hello", "▁world"]
+    assert [meta_tok.decode([i]) for i in ids] == ["Hello", "world"]  # why a window is needed
+    assert meta_tok.decode(ids) == "Hello world"
+
+
+@pytest.mark.parametrize("text, tokens, pieces", [
+    ("Hello world again", ["▁Hello", "▁world", "▁again"], ["Hello", " world", " again", ""]),
+    ("你好 世界 again", ["▁你好", "▁", "世界", "▁again"], ["你好", " ", "世界", " again", ""]),
+    ("x 日本", ["▁x", "▁", "<0xE6>", "<0x97>", "<0xA5>", "<0xE6>", "<0x9C>", "<0xAC>"],
+     ["x", " ", "", "", "日", "", "", "本", ""]),
+    ("Hello  world 🙂 café",
+     ["▁Hello", "▁", "▁world", "▁", "<0xF0>", "<0x9F>", "<0x99>", "<0x82>", "▁c", "a", "f",
+      "<0xC3>", "<0xA9>"],
+     ["Hello", " ", " world", " ", "", "", "", "🙂", " c", "a", "f", "", "é", ""]),
+])
+def test_metaspace_stream_keeps_every_space(meta_tok, text, tokens, pieces):
+    ids = meta_tok(text, add_special_tokens=False).input_ids
+    assert meta_tok.convert_ids_to_tokens(ids) == tokens
+    assert stream(meta_tok, ids) == pieces
+    assert "".join(pieces) == full_decode(meta_tok, ids) == text
+
+
+def test_random_metaspace_texts_stream_to_the_full_decode(meta_tok):
+    """Words in and out of the vocabulary (CJK and emoji as byte tokens), single and double
+    spaces, a leading space (which SentencePiece's decode drops: so does the stream)."""
+    parts = ["Hello", "world", "again", "你好", "世界", "，", "日本", "🙂", "é", "a", "b", " ", "  "]
+    rng = random.Random(0)
+    for _ in range(200):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(1, 20)))
+        ids = meta_tok(text, add_special_tokens=False).input_ids
+        pieces = stream(meta_tok, ids)
+        assert "".join(pieces) == full_decode(meta_tok, ids) == text.removeprefix(" "), text
+        assert not any("\ufffd" in p for p in pieces), text
+
+
+def test_random_metaspace_token_sequences_stream_to_the_full_decode(meta_tok):
+    """Token ids drawn at random: words, letters, bare "▁", special tokens, and whole characters
+    as byte tokens. (Not single random bytes: ByteFallback turns a whole run of byte tokens into
+    U+FFFD when any byte of it is invalid, so a full decode of broken UTF-8 depends on bytes
+    that come later; no stream can match that, and a model that emits it prints garbage.)"""
+    words = meta_tok.convert_tokens_to_ids(META_WORDS + META_LETTERS + ["<s>", "</s>"])
+    rng = random.Random(1)
+    for _ in range(100):
+        ids: list[int] = []
+        while len(ids) < 40:
+            if rng.random() < 0.3:
+                char = chr(rng.choice([rng.randint(0xA0, 0x24F), rng.randint(0x4E00, 0x9FFF),
+                                       rng.randint(0x1F300, 0x1F64F)]))
+                ids += meta_tok.convert_tokens_to_ids(
+                    [f"<0x{b:02X}>" for b in char.encode()])
+            else:
+                ids.append(rng.choice(words))
+        assert "".join(stream(meta_tok, ids)) == full_decode(meta_tok, ids), ids
+
+
 # --------------------------------------------------------------------------- DetokenizeManager
 
 
@@ -247,6 +332,40 @@ def test_nested_stop_strings_cut_where_the_first_one_ends():
         assert run_matcher(["abc", "b"], pieces)[0] == "a"
 
 
+def splits(text: str):
+    """Every way to cut `text` into non-empty pieces (2 ** (len - 1) of them)."""
+    for mask in range(1 << max(len(text) - 1, 0)):
+        cuts = [i + 1 for i in range(len(text) - 1) if mask >> i & 1]
+        yield [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("text, stops, expected", [
+    ("hello world", ["world", "lo"], "hel"),  # "lo" is complete first
+    ("abc", ["abc", "b"], "a"),
+    ("abc", ["bc", "abc"], ""),  # both complete at "c": cut before the one that starts first
+    ("aab", ["ab"], "a"),  # a false start "a" must not hide the real one
+    ("x</s>y</s>", ["</s>"], "x"),
+    ("停停。好", ["停。", "。"], "停"),
+    ("no stop here", ["zz", "herd"], "no stop here"),
+    ("", ["a"], ""),
+])
+def test_every_split_of_a_text_gives_the_hand_written_cut(text, stops, expected):
+    for pieces in splits(text):
+        out, matcher = run_matcher(stops, pieces)
+        assert out == expected, pieces
+        assert matcher.stopped == (expected != text)
+
+
+def first_stop_cut(text: str, stops: list[str]) -> str:
+    """Brute force: read the text one character at a time; once some stop strings are complete,
+    the output is what comes before the longest of them (the one that started first)."""
+    for end in range(len(text) + 1):
+        complete = [s for s in stops if text[:end].endswith(s)]
+        if complete:
+            return text[: end - max(map(len, complete))]
+    return text
+
+
 def test_any_split_of_the_text_gives_the_text_before_the_first_stop():
     """Stream a random text in random pieces: the output is the text cut where its first stop
     string to be completed starts, however the text was split."""
@@ -257,10 +376,10 @@ def test_any_split_of_the_text_gives_the_text_before_the_first_stop():
                  for _ in range(rng.randint(1, 3))]
         cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, len(text))))
         pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
-        hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
+        expected = first_stop_cut(text, stops)
         out, matcher = run_matcher(stops, pieces)
-        assert out == text[: min(hits)[1] if hits else len(text)], (text, stops, pieces)
-        assert matcher.stopped == bool(hits)
+        assert out == expected, (text, stops, pieces)
+        assert matcher.stopped == any(s in text for s in stops)
 
 
 # --------------------------------------------------------------------------- TokenizerWorker
@@ -441,3 +560,41 @@ def test_a_child_exits_when_its_parent_is_killed():
         parent.wait()
         if child is not None and running(child):
             os.kill(child, signal.SIGKILL)
+
+
+# --- the chapter's example ---
+
+import ast  # noqa: E402
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+def test_example_template_incremental_text_and_stop_strings(tok):
+    out = run_example("ch13_tokenizer.py")
+    chat = [{"role": "user", "content": "用一句话介绍大海。"}]
+    template = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert f"模板展开后：\n{template}" in out
+    ids = tok(template, add_special_tokens=False).input_ids  # the template has its specials
+    assert f"共 {len(ids)} 个 token，最后 5 个：{ids[-5:]}" in out
+    # Incremental detokenizing by hand: after each token, the decoded prefix without its
+    # trailing replacement characters (bytes of a character still incomplete) grows by exactly
+    # what the detokenizer should emit.
+    text = "海水是咸的，🐟也是。"
+    rows = re.findall(r"^  token +(\d+) +单独解码 .* 吐出 (.*)$", out, re.M)
+    expected_ids, expected, done = tok(text).input_ids, [], ""
+    for n in range(1, len(expected_ids) + 1):
+        stable = tok.decode(expected_ids[:n]).rstrip("\ufffd")
+        assert stable.startswith(done)
+        expected.append(stable[len(done):])
+        done = stable
+    assert [int(t) for t, _ in rows] == expected_ids
+    assert [ast.literal_eval(piece) for _, piece in rows] == expected
+    assert f"拼起来： {text} ｜与原文相同： True" in out
+    assert f"遇到停止串 '，' 截断后：{text.split('，')[0]!r}（stopped=True）" in out
+    # 'Paris</ans' may be the start of '</answer>': the longest such tail is held back.
+    fragment, stop = "Paris</ans", "</answer>"
+    held = next(fragment[i:] for i in range(len(fragment)) if stop.startswith(fragment[i:]))
+    assert (f"片段 'Paris</ans' 先吐出： {fragment[: -len(held)]!r} ，扣住的尾巴： {held!r}"
+            in out)
+    assert f"流结束时 flush 放出： {held!r}" in out

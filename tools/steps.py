@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             example = chapter_example(root, ch)
             print(f"第 {ch.n} 章搭好了：{args.dir}。在那个目录里运行：\n  python main.py"
                   + ("\n  python -m pytest -q" if (args.dir / "tests").is_dir() else "")
-                  + (f"\n  python examples/{example.name}" if example else ""))
+                  + (f"\n  PYTHONPATH=. python examples/{example.name}" if example else ""))
     except StepsError as e:
         print(f"steps.py: error: {e}", file=sys.stderr)
         return 2
