@@ -5,7 +5,8 @@
 Each request has a fixed random prompt; the decode rate is measured as the difference between
 a run of 1 + D output tokens and a run of 1 output token (the prefill cancels out), repeated
 --rounds times, best round kept. The radix cache is off, so the second run does not reuse the
-first one's prompts. The greedy outputs of every TP size are compared with TP=1's.
+first one's prompts. TP=1 runs first and is the reference: the greedy outputs of each larger TP
+size are compared with TP=1's at every batch size (TP=1 itself is compared with nothing).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     a = p.parse_args()
+    if 1 not in a.tp:
+        p.error("--tp must include 1: the other sizes' outputs are compared with TP=1's")
     cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     dtype = getattr(torch, a.dtype or ("bfloat16" if cuda else "float32"))
     gen = torch.Generator().manual_seed(0)
@@ -47,9 +50,9 @@ def main() -> None:
     device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
     print(f"# {a.model} · {dtype} · {device_name} × {torch.cuda.device_count() if cuda else 1}"
           f" · torch {torch.__version__} · prompt {a.prompt_len} · decode {a.decode} tokens")
-    reference: list[list[int]] | None = None
+    reference: dict[int, list[list[int]]] = {}  # TP=1's greedy outputs, by batch size
     rows = []
-    for tp in a.tp:
+    for tp in sorted(set(a.tp)):
         llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
                   max_running_req=max(a.batch), max_seq_len_override=a.prompt_len + a.decode + 8)
         try:
@@ -61,10 +64,11 @@ def main() -> None:
                     long, outs = timed(llm, prompts[:batch], 1 + a.decode)
                     best = min(best, long - short)
                 rows.append((tp, batch, batch * a.decode / best, best / a.decode * 1e3))
-                if batch == max(a.batch):
-                    reference = reference or outs
-                    same = outs == reference
-            print(f"TP={tp}: greedy outputs identical to TP={a.tp[0]}: {same}")
+                if tp == 1:
+                    reference[batch] = outs
+                else:
+                    print(f"TP={tp} batch {batch}: greedy outputs identical to TP=1: "
+                          f"{outs == reference[batch]}")
         finally:
             llm.shutdown()
     print(f"{'TP':>3} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")

@@ -25,6 +25,36 @@ def _deterministic_no_grad():
         yield
 
 
+def sysfs_physical_cores() -> int | None:
+    """Physical cores as sysfs lists them: distinct (package, core) pairs of the CPUs' topology.
+    A source utils.device does not read (it parses /proc/cpuinfo). None without sysfs."""
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            return None
+    return len(cores) or None
+
+
+def reference_cpu_threads(tp_size: int = 1) -> int | None:
+    """The thread count the engine should pick here, found without utils.device: physical
+    cores (sysfs), capped by the CPUs this process may use (affinity mask, cgroup v2 quota),
+    split among TP ranks. None where sysfs has no topology."""
+    cores = sysfs_physical_cores()
+    if cores is None or not hasattr(os, "sched_getaffinity"):
+        return None
+    usable = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            usable = min(usable, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(cores, usable) // tp_size)
+
+
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
     return MODELS_DIR

@@ -261,7 +261,8 @@ def random_workload(seed: int, chapter: int) -> Workload:
     largest = max(pages(len(a.ids) + a.max_tokens, page_size) for a in arrivals)
     config = dict(page_size=page_size, max_running_req=rng.randint(1, 6),
                   num_page_override=largest + rng.randint(0, 1))
-    max_prefill_length = rng.choice([rng.randint(1, 8), rng.randint(1, 8), rng.randint(9, 64), 8192])
+    max_prefill_length = rng.choice([rng.randint(1, 8), rng.randint(1, 8), rng.randint(9, 64),
+                                     8192])
     if chapter < 8:
         config["num_page_override"] = sum(pages(len(a.ids) + a.max_tokens, page_size)
                                           for a in arrivals)
@@ -342,7 +343,8 @@ def assert_leaks_no_page_and_no_row(run: Run) -> None:
     assert cache.prefix_cache.protected_size == 0
     assert len(set(cache.free_pages)) == len(cache.free_pages)
     if config["cache_type"] == "radix":
-        assert len(cache.free_pages) + cache.prefix_cache.evictable_size // size == s.engine.num_pages
+        cached = cache.prefix_cache.evictable_size // size
+        assert len(cache.free_pages) + cached == s.engine.num_pages
     else:
         assert len(cache.free_pages) == s.engine.num_pages
     assert s.table.available == config["max_running_req"]

@@ -204,7 +204,8 @@ def test_example_admits_two_requests_at_a_time(hf_model, hf_greedy):
         expected.append(f"第 {step:2d} 步：算了 {uids}，排队 {waiting}；"
                         f"在跑的请求已占 {held} 页、还要 {owed} 页")
     assert re.findall(r"^第 .*$", out, re.M) == expected
-    outputs = {int(uid): ast.literal_eval(ids) for uid, ids in re.findall(r"^请求 (\d)：(\[.*\])$", out, re.M)}
+    outputs = {int(uid): ast.literal_eval(ids)
+               for uid, ids in re.findall(r"^请求 (\d)：(\[.*\])$", out, re.M)}
     hf = hf_model(SMOLLM2)
     assert outputs == {uid: hf_greedy(hf, list(range(1000 + 20 * uid, 1012 + 20 * uid)), 10)
                        for uid in range(5)}

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from conftest import reference_cpu_threads, sysfs_physical_cores
 from minisgl.utils import device as device_module
 from minisgl.utils import (NullEvent, NullStream, configure_cpu_threads, create_event,
                            create_stream, physical_core_count, pick_device, pin,
@@ -123,8 +124,10 @@ def test_configure_cpu_threads_splits_cores_among_tp_ranks(monkeypatch, restore_
 
 
 def test_configure_cpu_threads_on_this_machine(monkeypatch, restore_threads):
+    expected = reference_cpu_threads()  # sysfs, affinity and quota: not the helpers under test
+    if expected is None:
+        pytest.skip("no CPU topology in /sys to compare with")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    expected = min(physical_core_count(), usable_cpu_count())
     assert configure_cpu_threads() == expected == torch.get_num_threads()
 
 
@@ -152,6 +155,16 @@ def test_physical_core_count_falls_back_when_cpuinfo_is_unreadable(monkeypatch):
 
 def test_physical_core_count_on_this_machine_is_within_bounds():
     assert 1 <= physical_core_count() <= (os.cpu_count() or 1)
+
+
+def test_physical_core_count_on_this_machine_equals_the_sysfs_topology():
+    with open("/proc/cpuinfo") as f:
+        if "core id" not in f.read():
+            pytest.skip("/proc/cpuinfo names no cores here: the library counts logical CPUs")
+    cores = sysfs_physical_cores()
+    if cores is None:
+        pytest.skip("no CPU topology in /sys to compare with")
+    assert physical_core_count() == cores
 
 
 def test_usable_cpu_count_is_capped_by_cgroup_quota(monkeypatch):

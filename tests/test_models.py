@@ -1,5 +1,6 @@
-"""models: config.json parsing, logits against transformers for the three checkpoints, and the
-error cases of weight loading on edited copies of tiny-llama."""
+"""models: config.json parsing, the model registry, loading (meta slots, tied embeddings), the
+error cases of weight loading on edited copies of tiny-llama, and the name Registry. (Logits
+against transformers need chapter 5's attention backend: tests/test_attention.py.)"""
 
 from __future__ import annotations
 

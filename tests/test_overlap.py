@@ -31,7 +31,7 @@ from scheduler_helpers import (REF_TOKENS, Arrival, assert_equals_each_request_r
 CHAPTER = 11  # tools/steps.py check runs this module on chapter 11's own tree
 
 
-# --- randomized runs --------------------------------------------------------------------------------
+# --- randomized runs ------------------------------------------------------------------------------
 
 SEEDS = list(range(12))  # every page size with overlap on and off, naive with four page sizes
 
@@ -261,9 +261,11 @@ from processes import run_example  # noqa: E402
 def test_example_generates_the_same_with_overlap_on_and_off(hf_model, hf_tokenizer, hf_greedy):
     out = run_example("ch11_overlap.py")
     blocks = re.split(r"^overlap=(?:True|False)（[\d.]+ 秒）$", out, flags=re.M)
-    assert blocks[0] == "" and len(blocks) == 3 and out.index("overlap=True") < out.index("overlap=False")
+    assert blocks[0] == "" and len(blocks) == 3
+    assert out.index("overlap=True") < out.index("overlap=False")
     rows = [[(ast.literal_eval(text), ast.literal_eval(ids))
-             for text, ids in re.findall(r"^  (['\"].*['\"]) (\[.*\])$", block, re.M)] for block in blocks[1:]]
+             for text, ids in re.findall(r"^  (['\"].*['\"]) (\[.*\])$", block, re.M)]
+            for block in blocks[1:]]
     assert rows[0] == rows[1]  # overlap changes no token, sampled ones included
     (greedy_text, greedy_ids), (sampled_text, sampled_ids) = rows[0]
     tokenizer, hf = hf_tokenizer(SMOLLM2), hf_model(SMOLLM2)

@@ -16,10 +16,11 @@ import pytest
 
 from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
 from minisgl.core import Req
-from scheduler_helpers import (NO_PREFIX_SHARING, REF_TOKENS, Arrival, assert_equals_each_request_run_alone,
-                               assert_finishes_every_request_once_with_max_tokens, completed_runs, drive,
-                               eos_case, greedy, make_scheduler, random_ids, record_batches,
-                               reference, run_seed)
+from scheduler_helpers import (NO_PREFIX_SHARING, REF_TOKENS, Arrival,
+                               assert_equals_each_request_run_alone,
+                               assert_finishes_every_request_once_with_max_tokens, completed_runs,
+                               drive, eos_case, greedy, make_scheduler, random_ids,
+                               record_batches, reference, run_seed)
 
 CHAPTER = 7  # tools/steps.py check runs this module on chapter 7's own tree
 
@@ -29,7 +30,7 @@ def scheduler(**options):
     return make_scheduler(TINY_QWEN3, **NO_PREFIX_SHARING, **options)
 
 
-# --- randomized runs --------------------------------------------------------------------------------
+# --- randomized runs ------------------------------------------------------------------------------
 
 SEEDS = [0, 1, 6, 7]  # page sizes 1, 2, 4, 16; tiny-qwen3 twice, tiny-llama twice
 

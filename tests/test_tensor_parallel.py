@@ -1,7 +1,8 @@
 """Chapter 16: tensor parallelism on the CPU, with real processes talking over gloo.
 
 - Outputs: LLM(tp_size=N) gives the same token ids as tp_size=1 — tiny-qwen3 at TP=2,
-  tiny-llama at TP=4 (greedy, and seeded sampling with one request per call), SmolLM2 at TP=3.
+  tiny-llama at TP=4 (greedy, and seeded sampling of all four prompts in one call), SmolLM2 at
+  TP=3.
 - Sharded loading, in this process (set_tp_info, then load_model): each rank's shapes, and the
   ranks' shards put back together are exactly the checkpoint's tensors; no rank reads a
   sharded tensor whole; a vocabulary that does not divide is padded with zero rows.
@@ -31,7 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import minisgl.utils.device as device_module
-from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_QWEN3
+from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_QWEN3, reference_cpu_threads
 from minisgl.core import SamplingParams
 from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_info,
                                  init_distributed, set_tp_info)
@@ -351,7 +352,8 @@ def _gloo_worker(rank: int, size: int, address: str, out: str) -> None:
         weight = torch.randn(VOCAB, HIDDEN, generator=same)
         x = torch.randn(5, HIDDEN, generator=same)
         embedding, head = Embedding(VOCAB, HIDDEN), LMHead(VOCAB, HIDDEN)
-        start, rows = embedding.vocab_range
+        results["vocab_range"] = embedding.vocab_range
+        start, rows = [(0, 4), (4, 4), (8, 4)][rank]  # by hand: ceil(10 / 3) = 4 rows a rank
         shard = weight[start : start + rows]
         shard = torch.cat([shard, shard.new_zeros(rows - len(shard), HIDDEN)])
         embedding.weight = head.weight = shard
@@ -417,6 +419,10 @@ def test_min_over_ranks(gloo3):
     assert [r["min"] for r in gloo3] == [93, 93, 93]
 
 
+def test_each_rank_of_three_holds_four_vocabulary_rows(gloo3):
+    assert [r["vocab_range"] for r in gloo3] == [(0, 4), (4, 4), (8, 4)]
+
+
 def test_vocab_parallel_embedding_equals_the_unsharded_lookup(gloo3):
     weight = gloo3[0]["weight"]
     ids = torch.tensor([9, 0, 4, 8, 3, 7, 9])  # ids of every rank, the last rank's real rows
@@ -445,16 +451,19 @@ def test_each_rank_caches_only_its_kv_heads(engines2):
 
 
 def test_ranks_agree_on_the_smaller_kv_pool(engines2):
-    # On the CPU the ranks share one machine's memory: each takes budget / size of it.
-    smaller = (2 << 20) // 2 // engines2[1]["page_bytes"]
-    assert [r["num_pages"] for r in engines2] == [smaller, smaller]
+    # On the CPU the ranks share one machine's memory: each takes budget / size of it. Rank 1
+    # offers 2 MiB: 1 MiB each, at 2,048 bytes a page (above) that is 512 pages; rank 0's 3 MiB
+    # would give 768.
+    assert [r["num_pages"] for r in engines2] == [512, 512]
 
 
 def test_engine_rank_threads_are_cores_divided_by_tp(engines2):
     if "OMP_NUM_THREADS" in os.environ:
         pytest.skip("OMP_NUM_THREADS decides the thread count")
-    cores = min(device_module.physical_core_count(), device_module.usable_cpu_count())
-    assert [r["threads"] for r in engines2] == [max(1, cores // 2)] * 2
+    expected = reference_cpu_threads(tp_size=2)  # sysfs and affinity, not utils.device
+    if expected is None:
+        pytest.skip("no CPU topology in /sys to compare with")
+    assert [r["threads"] for r in engines2] == [expected] * 2
 
 
 # ----------------------------------------------------------------------------------------------

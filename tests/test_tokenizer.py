@@ -142,6 +142,16 @@ def test_random_byte_tokens_stream_to_the_full_decode(tok):
         assert "".join(stream(tok, ids)) == full_decode(tok, ids)
 
 
+def test_finish_releases_a_cut_character_once(tok):
+    """A stream cut inside a character (max_tokens reached) ends as the full decode does, with
+    U+FFFD; what finish() released is not released again."""
+    first_byte = tok("好").input_ids[0]
+    detok = IncrementalDetokenizer(tok)
+    assert detok.add(first_byte) == ""
+    assert detok.finish() == "\ufffd" == full_decode(tok, [first_byte])
+    assert detok.finish() == ""
+
+
 def test_special_tokens_produce_no_text(tok):
     detok = IncrementalDetokenizer(tok)
     pieces = [detok.add(i) for i in tok("Hi").input_ids]
@@ -160,7 +170,7 @@ def test_the_decode_window_stays_short(tok):
     assert detok.finish() == ""
 
 
-# --------------------------------------------------------------------------- a SentencePiece-style tokenizer
+# --------------------------------------------------------------------------- Metaspace tokenizers
 # SmolLM2's tokenizer is byte-level BPE: a token decodes to the same text wherever it stands.
 # SentencePiece tokenizers (Llama 2, Mistral, Gemma) do not: "▁" marks a word's leading space
 # and decoding drops the space of the first token, so "▁world" alone is "world" but after
@@ -204,6 +214,9 @@ def test_a_metaspace_token_decodes_alone_without_its_leading_space(meta_tok):
      ["▁Hello", "▁", "▁world", "▁", "<0xF0>", "<0x9F>", "<0x99>", "<0x82>", "▁c", "a", "f",
       "<0xC3>", "<0xA9>"],
      ["Hello", " ", " world", " ", "", "", "", "🙂", " c", "a", "f", "", "é", ""]),
+    # Decoding with clean_up_tokenization_spaces would print "world!": the model wrote " !".
+    ("Hello world ! again", ["▁Hello", "▁world", "▁", "<0x21>", "▁again"],
+     ["Hello", " world", " ", "!", " again", ""]),
 ])
 def test_metaspace_stream_keeps_every_space(meta_tok, text, tokens, pieces):
     ids = meta_tok(text, add_special_tokens=False).input_ids
@@ -215,7 +228,8 @@ def test_metaspace_stream_keeps_every_space(meta_tok, text, tokens, pieces):
 def test_random_metaspace_texts_stream_to_the_full_decode(meta_tok):
     """Words in and out of the vocabulary (CJK and emoji as byte tokens), single and double
     spaces, a leading space (which SentencePiece's decode drops: so does the stream)."""
-    parts = ["Hello", "world", "again", "你好", "世界", "，", "日本", "🙂", "é", "a", "b", " ", "  "]
+    parts = ["Hello", "world", "again", "你好", "世界", "，", "日本", "🙂", "é", "a", "b", " ", "  ",
+             "!", "?", ",", "'s"]
     rng = random.Random(0)
     for _ in range(200):
         text = "".join(rng.choice(parts) for _ in range(rng.randint(1, 20)))
@@ -277,6 +291,27 @@ def test_next_token_minus_one_yields_no_text(tok):
     assert first.incremental_output == "Hi"
     assert manager.detokenize(DetokenizeMsg(3, -1, False)).incremental_output == ""
     assert manager.detokenize(DetokenizeMsg(3, -1, True)) == UserReply(3, "", True)
+
+
+def test_detokenize_manager_releases_held_text_with_the_last_reply(tok):
+    ids = tok("好").input_ids  # two byte tokens: the character is cut after the first
+    manager = DetokenizeManager(tok)
+    reply = manager.detokenize(DetokenizeMsg(4, ids[0], True))
+    assert reply.incremental_output == full_decode(tok, ids[:1]) == "\ufffd" and reply.finished
+
+
+def test_token_id_zero_is_text_like_any_other():
+    """-1 means "no token"; 0 is a token, and in some vocabularies text (Qwen's id 0 is "!")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"!": 0, "Hi": 1, "<unk>": 2}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    manager = DetokenizeManager(PreTrainedTokenizerFast(tokenizer_object=words,
+                                                        unk_token="<unk>"))
+    replies = [manager.detokenize(DetokenizeMsg(6, token, finished))
+               for token, finished in [(1, False), (0, False), (0, True)]]
+    assert [r.incremental_output for r in replies] == ["Hi", " !", " !"]
 
 
 # --------------------------------------------------------------------------- StopMatcher

@@ -29,6 +29,7 @@ import copy
 import difflib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -314,22 +315,26 @@ class Scratch:
     def pytest(self, tests: list[str], timeout: float) -> tuple[str, float, str]:
         """("passed" | "failed" | "timeout", seconds, output tail)."""
         start = time.monotonic()
+        # A session of its own: on a timeout the whole group goes, children the tests started too.
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", *tests],
+                                cwd=self.dir, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *tests],
-                                  cwd=self.dir, env=self.env, capture_output=True, text=True,
-                                  timeout=timeout, start_new_session=True)
-        except subprocess.TimeoutExpired as e:
-            tail = (e.stdout or b"")[-2000:]
-            return "timeout", time.monotonic() - start, \
-                tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        out = (done.stdout + done.stderr)[-2000:]
-        return ("passed" if done.returncode == 0 else "failed"), time.monotonic() - start, out
+            out, _ = proc.communicate(timeout=timeout)
+            status = "passed" if proc.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            status = "timeout"
+        return status, time.monotonic() - start, out[-2000:]
 
 
-def slow_tests(scratch: Scratch) -> list[str]:
-    """The scheduler tests: every test module that imports scheduler_helpers."""
+def slow_tests(scratch: Scratch, already: list[str]) -> list[str]:
+    """The scheduler tests: every test module that imports scheduler_helpers, except those in
+    `already` (the target's unit tests, run for every mutant)."""
     return sorted(f"tests/{p.name}" for p in (scratch.dir / "tests").glob("test_*.py")
-                  if "scheduler_helpers" in p.read_text(encoding="utf-8"))
+                  if "scheduler_helpers" in p.read_text(encoding="utf-8")
+                  and f"tests/{p.name}" not in already)
 
 
 @dataclass
@@ -365,7 +370,7 @@ def run_target(target: str, scratch: Scratch, slow: bool, entries, log) -> list[
         survivors = [o for o in outcomes if o.result == "survived"]
         if slow and target in SLOW_TARGETS and survivors:
             scratch.write(target, original)
-            extra = slow_tests(scratch)
+            extra = slow_tests(scratch, tests)
             status, base, out = scratch.pytest(extra, timeout=3600)
             log(f"{target}: {len(survivors)} survivors meet {' '.join(extra)}; baseline "
                 f"{status} in {base:.0f} s")
@@ -386,16 +391,18 @@ def run_target(target: str, scratch: Scratch, slow: bool, entries, log) -> list[
     return outcomes
 
 
-def report(results: dict[str, list[Outcome]], seconds: float) -> str:
+def report(results: dict[str, list[Outcome]], minutes: dict[str, float], seconds: float) -> str:
     lines = ["# Mutation testing", "",
-             f"{'file':<26}{'mutants':>8}{'killed':>8}{'equiv.':>8}{'survived':>9}{'score':>8}"]
+             f"{'file':<26}{'mutants':>8}{'killed':>8}{'equiv.':>8}{'survived':>9}{'score':>8}"
+             f"{'min':>6}"]
     for target, outcomes in results.items():
         count = {r: sum(o.result == r for o in outcomes)
                  for r in ("killed", "equivalent", "survived")}
         scored = count["killed"] + count["survived"]
         score = f"{100 * count['killed'] / scored:.0f}%" if scored else "-"
         lines.append(f"{target:<26}{len(outcomes):>8}{count['killed']:>8}"
-                     f"{count['equivalent']:>8}{count['survived']:>9}{score:>8}")
+                     f"{count['equivalent']:>8}{count['survived']:>9}{score:>8}"
+                     f"{minutes[target]:>6.0f}")
     lines.append(f"\n(score = killed / (killed + survived); took {seconds / 60:.0f} min)")
     for target, outcomes in results.items():
         slow = [o for o in outcomes if o.how.startswith("scheduler tests")]
@@ -444,16 +451,18 @@ def main() -> int:
         if not scratch.imports_from_here():
             log(f"the scratch copy {scratch.dir} is not what Python imports as minisgl")
             return 2
-        results = {}
+        results, minutes = {}, {}
         for target in targets:
+            started = time.monotonic()
             outcomes = run_target(target, scratch, args.slow, entries, log)
+            minutes[target] = (time.monotonic() - started) / 60
             if outcomes is None:
                 log(f"{target}: its tests fail without a mutant; skipped")
                 continue
             results[target] = outcomes
     finally:
         scratch.close()
-    text = report(results, time.monotonic() - start)
+    text = report(results, minutes, time.monotonic() - start)
     print("\n" + text)
     if args.report:
         args.report.write_text(text, encoding="utf-8")
