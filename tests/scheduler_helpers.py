@@ -333,6 +333,15 @@ def assert_equals_each_request_run_alone(run: Run) -> None:
         assert got == reference(w.model, a.ids)[: a.max_tokens], (a.uid, w.config)
 
 
+def assert_every_page_and_row_free(run: Run) -> None:
+    """After a run without prefix sharing (chapters 7 and 8): nothing left to do, every page and
+    every row free, each exactly once."""
+    s, rows = run.scheduler, run.workload.config["max_running_req"]
+    assert not s.has_work
+    assert sorted(s.cache.free_pages) == list(range(s.engine.num_pages))
+    assert sorted(s.table.free_rows) == list(range(rows)) and s.table.available == rows
+
+
 def assert_leaks_no_page_and_no_row(run: Run) -> None:
     """After a run (chapter 9 on): nothing left to do, no request holds a prefix, every page is
     free or (radix) in the prefix cache unlocked, every row is free."""

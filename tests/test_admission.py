@@ -18,6 +18,7 @@ from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.cache import pages_for
 from minisgl.scheduler.decode import DecodeManager, pages_to_finish
 from scheduler_helpers import (NO_PREFIX_SHARING, Arrival, assert_equals_each_request_run_alone,
+                               assert_every_page_and_row_free,
                                assert_finishes_every_request_once_with_max_tokens, completed_runs,
                                drive, pending, random_ids, record_adders, record_batches,
                                reference, run_seed, small_pool, tokens)
@@ -167,11 +168,7 @@ def test_random_run_equals_each_request_run_alone(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_run_leaks_no_page_and_no_row(seed):
-    run = run_seed(seed, CHAPTER)
-    s, rows = run.scheduler, run.workload.config["max_running_req"]
-    assert not s.has_work
-    assert sorted(s.cache.free_pages) == list(range(s.engine.num_pages))
-    assert sorted(s.table.free_rows) == list(range(rows)) and s.table.available == rows
+    assert_every_page_and_row_free(run_seed(seed, CHAPTER))
 
 
 def test_random_workloads_make_requests_wait_for_pages():

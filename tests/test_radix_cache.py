@@ -92,6 +92,16 @@ def test_match_ending_inside_an_edge_splits_it_at_a_node(page_size):
     cache.check_integrity()
 
 
+def test_match_ending_inside_a_deeper_edge_splits_it_there(page_size):
+    cache = RadixCache(page_size)
+    insert(cache, list(range(8)), start=0)
+    insert(cache, list(range(16)), start=0)  # [8..16) hangs below [0..8)
+    handle = cache.match_prefix(list(range(12)))  # the query ends halfway down [8..16)
+    assert handle.cached_len == 12 and handle.slots.tolist() == list(range(12))
+    assert leaves(cache) == [list(range(12, 16))]
+    cache.check_integrity()
+
+
 def test_inserting_a_diverging_sequence_branches_the_tree(page_size):
     cache = RadixCache(page_size)
     insert(cache, list(range(12)), start=0)
@@ -145,6 +155,7 @@ def test_two_locks_need_two_unlocks(page_size):
     _, handle = insert(cache, list(range(8)), start=0)
     cache.lock(handle)
     cache.lock(handle)
+    cache.check_integrity()  # a child of the root may be locked more often than the root
     cache.unlock(handle)
     assert (cache.evictable_size, cache.protected_size) == (0, 8)
     cache.unlock(handle)
@@ -207,6 +218,13 @@ def test_evict_may_free_more_than_asked_but_whole_nodes():
     assert freed.tolist() == list(range(8)) and cache.evictable_size == 0
 
 
+def test_evict_frees_at_least_what_is_asked_across_leaves(page_size):
+    cache = RadixCache(page_size)
+    insert(cache, [10, 11, 12, 13], start=0)
+    insert(cache, [20, 21, 22, 23], start=4)
+    assert cache.evict(5).tolist() == list(range(8)) and cache.evictable_size == 0
+
+
 def test_evict_never_takes_a_locked_node(page_size):
     cache = RadixCache(page_size)
     _, old = insert(cache, [10, 11, 12, 13], start=0)  # least recent, but locked
@@ -249,6 +267,33 @@ def test_a_parent_with_a_locked_child_is_not_evicted(page_size):
     assert cache.evict(4).tolist() == [200, 201, 202, 203]
     with pytest.raises(RuntimeError):
         cache.evict(4)
+
+
+def test_a_parent_that_keeps_a_child_is_not_evicted(page_size):
+    cache = RadixCache(page_size)
+    insert(cache, list(range(8)) + [50, 51, 52, 53], start=0)
+    insert(cache, list(range(8)) + [60, 61, 62, 63], start=100)  # splits off parent [0..8)
+    # [50..53] is the oldest and goes first; [0..8) is older than [60..63] but not yet a leaf
+    assert cache.evict(8).tolist() == [8, 9, 10, 11, 108, 109, 110, 111]
+    assert leaves(cache) == [list(range(8))] and cache.evictable_size == 8
+    cache.check_integrity()
+
+
+def test_a_locked_parent_left_a_leaf_by_eviction_is_not_evicted(page_size):
+    cache = RadixCache(page_size)
+    _, held = insert(cache, list(range(8)), start=0)  # a running request holds [0..8)
+    insert(cache, list(range(8)) + [50, 51, 52, 53], start=100)  # its unlocked child
+    insert(cache, [70, 71, 72, 73], start=200)  # the most recent leaf
+    cache.lock(held)
+    assert (cache.evictable_size, cache.protected_size) == (8, 8)
+    # The child goes first and leaves [0..8) a leaf older than [70..73], but a locked one.
+    assert cache.evict(8).tolist() == [108, 109, 110, 111, 200, 201, 202, 203]
+    assert (cache.evictable_size, cache.protected_size) == (0, 8)
+    cache.check_integrity()
+    assert cache.match_prefix(list(range(8))).slots.tolist() == list(range(8))
+    with pytest.raises(RuntimeError, match="cannot evict 4 tokens: only 0"):
+        cache.evict(4)
+    assert (cache.evictable_size, cache.protected_size) == (0, 8)
 
 
 def test_evict_raises_when_asked_more_than_evictable(page_size):
@@ -302,6 +347,30 @@ def test_check_integrity_catches_a_child_locked_more_than_its_parent():
     cache._evictable -= 4
     cache._protected += 4
     with pytest.raises(AssertionError, match="locked more often"):
+        cache.check_integrity()
+
+
+def test_check_integrity_catches_a_node_filed_under_another_page():
+    cache = RadixCache(4)
+    _, handle = insert(cache, list(range(8)), start=0)
+    handle.node.key = [99] + handle.node.key[1:]
+    with pytest.raises(AssertionError, match="not filed under its first page"):
+        cache.check_integrity()
+
+
+@pytest.mark.parametrize("key,num_slots,ref_count,message", [
+    ([], 0, 0, "0 tokens, 0 slots"),
+    ([0, 1, 2, 3, 4, 5], 6, 0, "6 tokens, 6 slots, page_size 4"),  # not whole pages
+    (list(range(8)), 4, 0, "8 tokens, 4 slots"),
+    (list(range(8)), 8, -1, "ref_count -1"),
+], ids=["empty", "unaligned", "slots", "negative-ref"])
+def test_check_integrity_catches_a_malformed_node(key, num_slots, ref_count, message):
+    cache = RadixCache(4)
+    _, handle = insert(cache, list(range(8)), start=0)
+    node = handle.node
+    node.key, node.slots, node.ref_count = key, slots(0, num_slots), ref_count
+    cache.root.children = {tuple(key[:4]): node}  # filed under its first page
+    with pytest.raises(AssertionError, match=message):
         cache.check_integrity()
 
 

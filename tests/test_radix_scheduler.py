@@ -97,6 +97,35 @@ def test_matched_prefix_is_locked_by_the_admitted_request():
     assert s.cache.hit_tokens == 8
 
 
+def test_request_that_fits_only_while_its_prefix_is_evictable_waits_unlocked():
+    """Its cached prefix counts as evictable until it is locked: a request that fits only with
+    those pages is refused, unlocks the prefix again, and runs once pages come back."""
+    a, b, c = tokens(0, 9), tokens(500, 13), tokens(0, 8) + tokens(900, 9)
+    expected = {1: reference(TINY_QWEN3, b)[:4], 2: reference(TINY_QWEN3, c)[:4]}
+    s = small_pool(num_pages=8, page_size=4)
+    cache = s.cache.prefix_cache
+    s.prefill.add(pending(0, a, max_tokens=1))  # 3 pages; finishes at once, [0..8) stays cached
+    s.prefill.add(pending(1, b, max_tokens=4))  # 16 tokens: 4 pages, all taken by its prefill
+    outputs = {0: [], 1: [], 2: []}
+    for out in s.step():
+        outputs[out.uid].append(out.token)
+    assert len(s.cache.free_pages) == 2 and s.decode.reserved_pages == 0
+    assert (cache.evictable_size, cache.protected_size) == (8, 12)
+    # c: 20 tokens = 5 pages, 2 of them cached: it needs 3. 2 free + 2 evictable fit, but
+    # locking its prefix leaves 2 free + 0 evictable.
+    s.prefill.add(pending(2, c, max_tokens=4))
+    assert s.prefill.schedule_next_batch() is None
+    assert [p.uid for p in s.prefill.pending] == [2]
+    assert (cache.evictable_size, cache.protected_size) == (8, 12)
+    s.cache.check_integrity(held_requests(s))
+    while s.has_work:  # b decodes and finishes; its pages come back and c runs
+        for out in s.step():
+            outputs[out.uid].append(out.token)
+        s.cache.check_integrity(held_requests(s))
+    assert outputs[1] == expected[1] and outputs[2] == expected[2]
+    assert s.cache.hit_tokens == 8 and cache.protected_size == 0
+
+
 def test_an_identical_prompt_matches_all_but_its_last_token():
     s = small_pool(num_pages=16, page_size=4)
     s.prefill.add(pending(0, tokens(0, 8), max_tokens=1))

@@ -17,7 +17,7 @@ import pytest
 from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
 from minisgl.core import Req
 from scheduler_helpers import (NO_PREFIX_SHARING, REF_TOKENS, Arrival,
-                               assert_equals_each_request_run_alone,
+                               assert_equals_each_request_run_alone, assert_every_page_and_row_free,
                                assert_finishes_every_request_once_with_max_tokens, completed_runs,
                                drive, eos_case, greedy, make_scheduler, random_ids,
                                record_batches, reference, run_seed)
@@ -47,11 +47,7 @@ def test_random_run_equals_each_request_run_alone(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_run_leaks_no_page_and_no_row(seed):
-    run = run_seed(seed, CHAPTER)
-    s, rows = run.scheduler, run.workload.config["max_running_req"]
-    assert not s.has_work
-    assert sorted(s.cache.free_pages) == list(range(s.engine.num_pages))
-    assert sorted(s.table.free_rows) == list(range(rows)) and s.table.available == rows
+    assert_every_page_and_row_free(run_seed(seed, CHAPTER))
 
 
 def test_random_workloads_cover_waiting_for_a_row_and_shared_batches():
