@@ -62,6 +62,15 @@ def test_continuing_chunk_reserves_its_remaining_pages_before_later_requests():
     assert [p.uid for p in s.prefill.pending] == [1]
 
 
+def test_request_fits_next_to_a_continuing_chunk_s_remaining_pages():
+    s = small_pool(num_pages=14, page_size=1, max_prefill_length=10)
+    s.prefill.add(pending(0, tokens(0, 12), max_tokens=1))  # 12 pages over its life
+    s.prefill.add(pending(1, tokens(100, 2), max_tokens=1))  # 2 pages
+    s.step()  # the first 10 tokens
+    assert len(s.cache.free_pages) == 4  # 2 for the chunk's last 2 tokens, 2 left over
+    assert [r.uid for r in s.prefill.schedule_next_batch().reqs] == [0, 1]
+
+
 def test_budget_spent_exactly_admits_nothing_more():
     s = small_pool(num_pages=64, page_size=1, max_prefill_length=5)
     s.prefill.add(pending(0, tokens(0, 5), max_tokens=2))

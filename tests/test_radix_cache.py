@@ -133,6 +133,8 @@ def test_page_size_one_matches_token_by_token():
     cache = RadixCache(1)
     insert(cache, list(range(8)), start=0)
     assert cache.match_prefix(list(range(5)) + [99]).cached_len == 5
+    assert cache.match_prefix([0, 99]).cached_len == 1  # an edge split after one token
+    cache.check_integrity()
 
 
 # --- locking ------------------------------------------------------------------------------------

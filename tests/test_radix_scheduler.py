@@ -154,6 +154,18 @@ def test_second_request_sharing_32_uncached_tokens_waits_a_step(monkeypatch):
     assert second.uid == 1 and second.cached_len == DEFER_SHARED_TOKENS
 
 
+def test_a_prompt_inside_one_admitted_in_the_same_batch_waits_a_step(monkeypatch):
+    s = small_pool(num_pages=128, page_size=1)
+    log = record_batches(s, monkeypatch)
+    base = tokens(1000, DEFER_SHARED_TOKENS + 1)
+    s.prefill.add(pending(0, base + [1, 2, 3], max_tokens=2))
+    s.prefill.add(pending(1, base, max_tokens=2))  # shorter: all of it is the first's prefix
+    s.step()
+    assert log[-1].uids == [0] and [p.uid for p in s.prefill.pending] == [1]
+    (second,) = s.prefill.schedule_next_batch().reqs
+    assert second.cached_len == DEFER_SHARED_TOKENS  # all but its last token
+
+
 def test_requests_sharing_fewer_than_32_tokens_are_admitted_together():
     s = small_pool(num_pages=128, page_size=1)
     for p in shared_pair(DEFER_SHARED_TOKENS - 1):

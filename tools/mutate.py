@@ -50,9 +50,16 @@ TARGETS = {
     "tokenizer/stop.py": ["test_tokenizer.py"],
     "tokenizer/detokenize.py": ["test_tokenizer.py"],
 }
-# With --slow, the survivors of these targets also run the scheduler tests (every test module
-# that imports scheduler_helpers): minutes per mutant, so only for what the unit tests missed.
-SLOW_TARGETS = {"kvcache/radix_cache.py", "scheduler/prefill.py", "scheduler/cache.py"}
+# With --slow, the survivors of these targets then meet the scheduler tests that drive them
+# (a model on the CPU, minutes a mutant), most relevant first.
+SLOW = {
+    "kvcache/radix_cache.py": ["test_radix_scheduler.py", "test_chunked_prefill.py",
+                               "test_overlap.py"],
+    "scheduler/prefill.py": ["test_chunked_prefill.py", "test_radix_scheduler.py",
+                             "test_overlap.py"],
+    "scheduler/cache.py": ["test_radix_scheduler.py", "test_chunked_prefill.py",
+                           "test_overlap.py"],
+}
 
 PYTEST_INI = "[pytest]\ntestpaths = tests\npythonpath = . tests\naddopts = -p no:cacheprovider\n"
 
@@ -329,14 +336,6 @@ class Scratch:
         return status, time.monotonic() - start, out[-2000:]
 
 
-def slow_tests(scratch: Scratch, already: list[str]) -> list[str]:
-    """The scheduler tests: every test module that imports scheduler_helpers, except those in
-    `already` (the target's unit tests, run for every mutant)."""
-    return sorted(f"tests/{p.name}" for p in (scratch.dir / "tests").glob("test_*.py")
-                  if "scheduler_helpers" in p.read_text(encoding="utf-8")
-                  and f"tests/{p.name}" not in already)
-
-
 @dataclass
 class Outcome:
     mutant: Mutant
@@ -367,10 +366,18 @@ def run_target(target: str, scratch: Scratch, slow: bool, entries, log) -> list[
                 outcomes.append(Outcome(m, "killed", f"{status} in {took:.0f} s"))
             log(f"  [{i}/{len(mutants)}] line {m.line}: {m.what}: "
                 f"{outcomes[-1].result} ({took:.0f} s)")
+        # Listed equivalents need no further tests; one that was killed is a stale entry.
+        for o in outcomes:
+            reason = equivalent_reason(o.mutant, entries)
+            if reason and o.result == "survived":
+                o.result, o.reason = "equivalent", reason
+            elif reason:
+                log(f"  line {o.mutant.line}: {o.mutant.what}: listed as equivalent but killed")
         survivors = [o for o in outcomes if o.result == "survived"]
-        if slow and target in SLOW_TARGETS and survivors:
+        extra = [f"tests/{t}" for t in SLOW.get(target, [])
+                 if (scratch.dir / "tests" / t).exists()]
+        if slow and extra and survivors:
             scratch.write(target, original)
-            extra = slow_tests(scratch, tests)
             status, base, out = scratch.pytest(extra, timeout=3600)
             log(f"{target}: {len(survivors)} survivors meet {' '.join(extra)}; baseline "
                 f"{status} in {base:.0f} s")
@@ -385,9 +392,6 @@ def run_target(target: str, scratch: Scratch, slow: bool, entries, log) -> list[
                 log(out)
     finally:
         scratch.write(target, original)
-    for o in outcomes:
-        if o.result == "survived" and (reason := equivalent_reason(o.mutant, entries)):
-            o.result, o.reason = "equivalent", reason
     return outcomes
 
 
@@ -427,7 +431,8 @@ def main() -> int:
     p.add_argument("targets", nargs="*", choices=[[], *TARGETS], metavar="TARGET",
                    help=f"modules to mutate (default: all of {', '.join(TARGETS)})")
     p.add_argument("--slow", action="store_true",
-                   help="run the survivors of the scheduler modules against the scheduler tests")
+                   help="run the survivors of the scheduler modules against the scheduler tests "
+                        "(hours on a small machine)")
     p.add_argument("--list", action="store_true", help="print the mutants and exit")
     p.add_argument("--report", type=Path, help="also write the report to this file")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
@@ -462,6 +467,11 @@ def main() -> int:
             results[target] = outcomes
     finally:
         scratch.close()
+    for target, removed, added, reason in entries:
+        if target in results and not any(o.mutant.changed_lines == (removed, added)
+                                          for o in results[target]):
+            log(f"{EQUIVALENT.name}: an entry for {target} matches no mutant (the code changed?)"
+                f": {reason}")
     text = report(results, minutes, time.monotonic() - start)
     print("\n" + text)
     if args.report:
