@@ -213,6 +213,25 @@ def test_cache_req_frees_duplicate_pages_and_switches_to_the_cached_copy():
     s.cache.check_integrity([a, b])
 
 
+def test_cache_req_switches_only_the_duplicate_part_of_a_longer_prompt():
+    s = small_pool(num_pages=16, page_size=4)
+    s.prefill.add(pending(0, tokens(0, 10), max_tokens=4))
+    s.prefill.add(pending(1, tokens(0, 8) + tokens(500, 6), max_tokens=4))  # same batch
+    batch = s.prefill.schedule_next_batch()
+    a, b = batch.reqs
+    s.cache.allocate(batch.reqs)
+    assert len(s.cache.free_pages) == 16 - 3 - 4
+    b_own = s.cache.page_table[b.table_idx, :12].clone()
+    for r in batch.reqs:
+        r.complete_one()
+    s.cache.cache_req(a, finished=False)  # caches [0..8)
+    s.cache.cache_req(b, finished=False)  # [0..8) is a duplicate now, [8..12) is new
+    row_a, row_b = s.cache.page_table[a.table_idx], s.cache.page_table[b.table_idx]
+    assert row_b[:8].tolist() == row_a[:8].tolist() and row_b[8:12].equal(b_own[8:])
+    assert len(s.cache.free_pages) == 16 - 3 - 4 + 2
+    s.cache.check_integrity([a, b])
+
+
 def test_cache_req_of_a_finished_request_frees_its_unaligned_tail():
     s = small_pool(num_pages=16, page_size=4)
     s.prefill.add(pending(0, tokens(0, 10), max_tokens=1))
@@ -257,6 +276,25 @@ def test_check_integrity_catches_a_lost_page():
     s.cache.check_integrity(held_requests(s))
     s.cache.free_pages.pop()
     with pytest.raises(AssertionError, match="16 pages"):
+        s.cache.check_integrity(held_requests(s))
+
+
+def test_check_integrity_catches_a_page_free_twice():
+    s = small_pool(num_pages=16, page_size=4)
+    s.prefill.add(pending(0, tokens(0, 10), max_tokens=3))
+    s.step()
+    s.cache.free_pages[-1] = s.cache.free_pages[0]  # the count stays right
+    with pytest.raises(AssertionError, match="16 pages"):
+        s.cache.check_integrity(held_requests(s))
+
+
+def test_check_integrity_checks_the_prefix_cache_too():
+    s = small_pool(num_pages=16, page_size=4)
+    s.prefill.add(pending(0, tokens(0, 9), max_tokens=1))
+    s.step()  # it finished: [0..8) is cached
+    (node,) = s.cache.prefix_cache.root.children.values()
+    node.key = [99] + node.key[1:]  # no page moves, but the tree is broken
+    with pytest.raises(AssertionError, match="not filed under its first page"):
         s.cache.check_integrity(held_requests(s))
 
 

@@ -6,6 +6,7 @@ module's tests, and report the bugs no test noticed.
     python tools/mutate.py tokenizer/stop.py    # one target
     python tools/mutate.py --slow               # survivors also meet the scheduler tests
     python tools/mutate.py --list               # print the mutants, run nothing
+    make mutate MUTATE="tokenizer/stop.py --report /tmp/mutants.md"
 
 Mutants are generated mechanically from the module's syntax tree, one change each:
 comparison flips (< <=, == !=, in / not in, is / is not), arithmetic and bitwise operator
@@ -15,10 +16,11 @@ range() argument moved by one, True/False swapped, min/max swapped, and a statem
 `pass`. Docstrings, annotations, imports and message strings are left alone.
 
 Each mutant runs in a scratch copy of the final package (python/minisgl with its links resolved
-to real files, and a copy of tests/), with pytest -x and a time limit; a mutant whose tests
-fail, crash or time out is killed. A survivor listed in tools/mutate_equivalent.txt (its -/+
-lines and a one-line reason) is reported as equivalent and left out of the score. Not part of CI:
-it takes tens of minutes (the --slow pass, hours) on a small machine.
+to real files, and copies of tests/ and examples/), with pytest -x and a time limit; a mutant
+whose tests fail, crash or time out is killed. A survivor listed in tools/mutate_equivalent.txt
+(its diff and a one-line reason) is reported as equivalent and left out of the score. Not part
+of CI: the five targets take about 100 minutes on two shared CPU cores (about 10 s a mutant);
+the --slow pass adds minutes per survivor.
 """
 
 from __future__ import annotations
@@ -75,12 +77,20 @@ class Mutant:
     source: str  # the whole mutated module
     diff: str  # unified diff against the original
 
-    @property
-    def changed_lines(self) -> tuple[list[str], list[str]]:
-        """The diff's removed and added lines, stripped: the key of the equivalents list."""
-        lines = self.diff.splitlines()[2:]
-        return ([x[1:].strip() for x in lines if x.startswith("-")],
-                [x[1:].strip() for x in lines if x.startswith("+")])
+    def key(self) -> list[str]:
+        """The key of the equivalents list: the diff's lines, context (one line each side,
+        marked `|`: the same change can occur twice in a file) and -/+ lines, stripped."""
+        return [_key_line(x) for x in self.diff.splitlines()[2:] if not x.startswith("@@")]
+
+    def entry_lines(self) -> list[str]:
+        """The diff's lines as the equivalents list writes them."""
+        return [("|" + x[1:]) if x.startswith(" ") else x
+                for x in self.diff.splitlines()[2:] if not x.startswith("@@")]
+
+
+def _key_line(line: str) -> str:
+    kind = "|" if line[:1] in (" ", "|", "") else line[0]
+    return kind + line[1:].strip()
 
 
 COMPARE_FLIPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
@@ -262,9 +272,9 @@ def generate(target: str, source: str) -> tuple[list[Mutant], int]:
 # --------------------------------------------------------------------------- equivalent mutants
 
 
-def read_equivalents(path: Path = EQUIVALENT) -> list[tuple[str, list[str], list[str], str]]:
-    """Entries of (target, removed lines, added lines, reason). The file holds blocks separated
-    by blank lines: `target: reason`, then the mutant's -/+ lines as its diff shows them."""
+def read_equivalents(path: Path = EQUIVALENT) -> list[tuple[str, list[str], str]]:
+    """Entries of (target, key, reason). The file holds blocks separated by blank lines:
+    `target: reason`, then the mutant's diff lines: `|` context, `-` removed, `+` added."""
     if not path.exists():
         return []
     entries = []
@@ -273,16 +283,15 @@ def read_equivalents(path: Path = EQUIVALENT) -> list[tuple[str, list[str], list
         if not lines:
             continue
         target, _, reason = lines[0].partition(":")
-        removed = [x[1:].strip() for x in lines[1:] if x.startswith("-")]
-        added = [x[1:].strip() for x in lines[1:] if x.startswith("+")]
-        entries.append((target.strip(), removed, added, reason.strip()))
+        key = [_key_line(x) for x in lines[1:] if x[:1] in ("|", "-", "+")]
+        entries.append((target.strip(), key, reason.strip()))
     return entries
 
 
 def equivalent_reason(mutant: Mutant, entries) -> str | None:
-    removed, added = mutant.changed_lines
-    for target, r, a, reason in entries:
-        if target == mutant.target and r == removed and a == added:
+    key = mutant.key()
+    for target, entry_key, reason in entries:
+        if target == mutant.target and entry_key == key:
             return reason
     return None
 
@@ -449,6 +458,7 @@ def main() -> int:
     def log(message: str) -> None:
         print(message, flush=True)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # so the scratch copy is removed
     entries = read_equivalents()
     start = time.monotonic()
     scratch = Scratch(keep=args.keep)
@@ -467,9 +477,8 @@ def main() -> int:
             results[target] = outcomes
     finally:
         scratch.close()
-    for target, removed, added, reason in entries:
-        if target in results and not any(o.mutant.changed_lines == (removed, added)
-                                          for o in results[target]):
+    for target, key, reason in entries:
+        if target in results and not any(o.mutant.key() == key for o in results[target]):
             log(f"{EQUIVALENT.name}: an entry for {target} matches no mutant (the code changed?)"
                 f": {reason}")
     text = report(results, minutes, time.monotonic() - start)
