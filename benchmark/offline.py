@@ -1,14 +1,19 @@
-"""离线吞吐：官方 offline 基准的 CPU 缩小版，我们的 LLM.generate 对比 transformers 的批量 generate。
+"""离线吞吐：我们的 LLM.generate 对比 transformers 的批量 generate，同一次运行里并排测。
 
-32 个请求，提示词长度 16–256、输出长度 16–128（固定种子随机抽取，提示词是随机 token），
-ignore_eos。吞吐 = 请求要的输出 token 总数 / 墙钟时间。transformers 一次 generate 整个 batch：
-提示词左侧填充到一样长，所有行都生成到最长的那个输出长度，多生成的不计入吞吐。另外测我们关掉
-重叠调度、关掉 radix cache 的两个变体。同一次运行里轮流测 --rounds 轮，每项取最快的一轮。
+两种负载：
+- cpu（CPU 上的默认）：官方 offline 基准的缩小版。32 个请求，提示词 16–256、输出 16–128
+  （固定种子随机抽取，提示词是随机 token），贪心，ignore_eos；另测关掉重叠调度、关掉 radix cache
+  两个变体；同一次运行里轮流测 --rounds 轮，每项取最快的一轮。
+- official（--device cuda 时的默认）：官方 benchmark/offline/bench.py 的负载，原样抽取：
+  random.seed(0)，256 个请求，提示词 randint(100, 1024) 个 randint(0, 10000) 的 token，
+  输出长度 randint(100, 1024)，temperature 0.6，ignore_eos，共 133,966 个输出 token；
+  page_size 256、max_seq_len 4096，与官方对齐。--attn 列出的每个注意力后端各测一次。
+
+吞吐 = 请求要的输出 token 总数 / 墙钟时间。transformers 一次 generate 整个 batch：提示词左侧
+填充到一样长，所有行都生成到最长的那个输出长度，多生成的不计入吞吐。
 
     python benchmark/offline.py                # CPU
-    python benchmark/offline.py --device cuda  # GPU：两边都在 GPU 上
-"""
-
+    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --dtype bfloat16
 from __future__ import annotations
 
 import argparse
@@ -42,21 +47,39 @@ def workload(num_requests: int, seed: int, vocab: int) -> tuple[list[list[int]],
     return prompts, output_lens
 
 
-def run_ours(model: str, prompts: list[list[int]], output_lens: list[int], **options) -> float:
-    llm = LLM(model, dtype=torch.float32, max_running_req=len(prompts), **options)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in output_lens]
+def official_workload() -> tuple[list[list[int]], list[int]]:
+    """The draw of the official benchmark/offline/bench.py, call for call."""
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+               for _ in range(256)]
+    return prompts, [random.randint(100, 1024) for _ in range(256)]
+
+
+def release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_ours(model: str, prompts: list[list[int]], output_lens: list[int], dtype: torch.dtype,
+             temperature: float = 0.0, **options) -> float:
+    llm = LLM(model, dtype=dtype, max_running_req=len(prompts), **options)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature)
+              for n in output_lens]
+    # Warm-up (as the official script does): kernels' first launches and JIT loading.
+    llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, progress=False)
     elapsed = time.perf_counter() - start
     assert [len(o["token_ids"]) for o in outputs] == output_lens
     llm.shutdown()
-    gc.collect()
+    release_memory()
     return elapsed
 
 
 def run_transformers(model: str, prompts: list[list[int]], output_lens: list[int],
-                     pad_id: int, device: str) -> float:
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+                     pad_id: int, device: str, dtype: torch.dtype) -> float:
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device)
     width = max(map(len, prompts))
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
@@ -67,7 +90,7 @@ def run_transformers(model: str, prompts: list[list[int]], output_lens: list[int
         out.cpu()  # wait for the device
     elapsed = time.perf_counter() - start
     del hf
-    gc.collect()
+    release_memory()
     return elapsed
 
 
@@ -77,36 +100,65 @@ def main() -> int:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda, for both engines")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds; each config keeps its best")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds; each config keeps its best (default: 2 on CPU, 1 on GPU)")
+    parser.add_argument("--workload", choices=["cpu", "official"], default=None,
+                        help="default: official on cuda, cpu on the CPU")
+    parser.add_argument("--attn", nargs="+", default=None,
+                        help="attention backends to measure (default: torch on the CPU; "
+                             "torch flashinfer fa on cuda)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help="default: bfloat16 on cuda, float32 on the CPU")
+    parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
+    gpu = args.device.startswith("cuda")
+    workload_name = args.workload or ("official" if gpu else "cpu")
+    rounds = args.rounds or (1 if gpu else 2)
+    attns = args.attn or (["torch", "flashinfer", "fa"] if gpu else ["torch"])
+    dtype = getattr(torch, args.dtype or ("bfloat16" if gpu else "float32"))
 
-    vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    prompts, output_lens = workload(args.num_requests, args.seed, vocab)
+    if workload_name == "official":
+        prompts, output_lens = official_workload()
+        options = dict(page_size=256, max_seq_len_override=4096, max_prefill_length=16384,
+                       device=args.device, temperature=0.6)
+    else:
+        vocab = AutoConfig.from_pretrained(args.model).vocab_size
+        prompts, output_lens = workload(args.num_requests, args.seed, vocab)
+        options = dict(num_page_override=16384, max_seq_len_override=512, page_size=1,
+                       device=args.device)
     total_out = sum(output_lens)
-    print(f"{args.num_requests} 个请求，提示词 {sum(map(len, prompts))} 个 token"
-          f"（{min(map(len, prompts))}–{max(map(len, prompts))}），要求输出 {total_out} 个 token"
-          f"（{min(output_lens)}–{max(output_lens)}），模型 {Path(args.model).name}，float32，"
-          f"{args.device}")
-    options = dict(num_page_override=16384, max_seq_len_override=512, page_size=1,
-                   device=args.device)
-    configs = [
-        ("我们：LLM.generate", lambda: run_ours(args.model, prompts, output_lens, **options)),
-        ("我们：关掉重叠调度", lambda: run_ours(args.model, prompts, output_lens, overlap=False,
-                                          **options)),
-        ("我们：关掉 radix cache", lambda: run_ours(args.model, prompts, output_lens,
-                                               cache_type="naive", **options)),
-        ("transformers 批量 generate", lambda: run_transformers(args.model, prompts, output_lens,
-                                                               2, args.device)),
-    ]
+    print(f"{len(prompts)} 个请求，提示词 {sum(map(len, prompts))} 个 token"
+          f"（{min(map(len, prompts))}–{max(map(len, prompts))}），要求输出 {total_out:,} 个 token"
+          f"（{min(output_lens)}–{max(output_lens)}），模型 {Path(args.model).name}，"
+          f"{str(dtype).removeprefix('torch.')}，{args.device}")
+    if workload_name == "official" and total_out != 133_966:
+        print(f"负载与官方不一致：输出 token 总数应为 133,966，这里是 {total_out:,}")
+        return 1
+
+    def ours(**extra):
+        return lambda: run_ours(args.model, prompts, output_lens, dtype, **{**options, **extra})
+
+    configs = [(f"我们：--attn {name}" if len(attns) > 1 else "我们：LLM.generate",
+                ours(attention_backend=name)) for name in attns]
+    if workload_name == "cpu":
+        configs += [("我们：关掉重叠调度", ours(overlap=False)),
+                    ("我们：关掉 radix cache", ours(cache_type="naive"))]
+    if not args.skip_transformers:
+        configs.append(("transformers 批量 generate", lambda: run_transformers(
+            args.model, prompts, output_lens, 2, args.device, dtype)))
     # Every configuration once per round, in turn; each keeps its best round, so a burst of
     # load from elsewhere on the machine cannot decide the comparison.
-    best = [min(times) for times in zip(*[[run() for _, run in configs]
-                                          for _ in range(args.rounds)])]
-    rows = [(name, seconds) for (name, _), seconds in zip(configs, best)]
-    baseline = rows[-1][1]
-    print(f"  {pad('', 28)}{pad('用时', 10)}{pad('输出 token/s', 14)}相对 transformers")
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(rounds):
+        for (name, run), measured in zip(configs, times):
+            measured.append(run())
+            print(f"  ……{name}：{measured[-1]:.1f}s", file=sys.stderr, flush=True)
+    rows = [(name, min(measured)) for (name, _), measured in zip(configs, times)]
+    baseline = rows[-1][1]  # transformers, or with --skip-transformers the last of ours
+    print(f"  {pad('', 28)}{pad('用时', 10)}{pad('输出 token/s', 14)}"
+          f"相对{rows[-1][0].removeprefix('我们：')}")
     for name, seconds in rows:
-        print(f"  {pad(name, 28)}{pad(f'{seconds:.1f}s', 10)}{pad(f'{total_out / seconds:.1f}', 14)}"
+        print(f"  {pad(name, 28)}{pad(f'{seconds:.1f}s', 10)}{pad(f'{total_out / seconds:,.1f}', 14)}"
               f"{baseline / seconds:.2f}x")
     return 0
 

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from minisgl.attention import create_attention_backend
+from minisgl.attention import TorchAttentionBackend
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import MHAKVPool
 
@@ -12,7 +12,7 @@ heads, kv_heads, dim, page = 4, 2, 8, 4
 pool = MHAKVPool(1, num_pages=32, page_size=page, num_kv_heads=kv_heads, head_dim=dim,
                  dtype=torch.float32, device="cpu")
 page_table = torch.zeros(3, 64, dtype=torch.int32)
-backend = create_attention_backend("torch", pool, page_table)
+backend = TorchAttentionBackend(pool, page_table)
 
 lengths = [3, 9, 5]
 reqs = [Req(torch.zeros(n, dtype=torch.int32), table_idx=i, cached_len=0, output_len=1, uid=i,

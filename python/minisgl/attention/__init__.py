@@ -1,1 +1,1 @@
-../../../steps/ch05_attention/minisgl/attention/__init__.py
+../../../steps/ch17_gpu_attention/minisgl/attention/__init__.py

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/engine/engine.py
+../../../steps/ch17_gpu_attention/minisgl/engine/engine.py

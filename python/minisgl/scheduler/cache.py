@@ -1,1 +1,1 @@
-../../../steps/ch10_chunked_prefill/minisgl/scheduler/cache.py
+../../../steps/ch17_gpu_attention/minisgl/scheduler/cache.py

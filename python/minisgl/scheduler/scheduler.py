@@ -1,1 +1,1 @@
-../../../steps/ch14_scheduler_io/minisgl/scheduler/scheduler.py
+../../../steps/ch17_gpu_attention/minisgl/scheduler/scheduler.py

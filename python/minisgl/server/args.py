@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/server/args.py
+../../../steps/ch17_gpu_attention/minisgl/server/args.py

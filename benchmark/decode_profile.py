@@ -1,0 +1,96 @@
+"""一个 decode 步的时间花在哪：batch 256，每个注意力后端各测一次，同一次运行里并排（GPU）。
+
+256 个请求（随机提示词 --prompt-len 个 token）全部 prefill 完之后，调度器每一步都是 256 个
+请求的 decode。先跑几步热身，再用 torch.profiler 记录 --steps 步：
+- 墙钟：每步的主机时间（步与步之间不同步，测的是稳态）；
+- GPU：每步 kernel 时间之和，按类别分开（注意力、矩阵乘、gather/scatter、其余逐元素）；
+- 每步发射的 kernel 个数。
+GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。
+
+    python benchmark/decode_profile.py --model models/qwen3-0.6b-random --attn torch flashinfer
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections import Counter
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+
+CATEGORIES = [  # first match wins
+    ("注意力", re.compile(r"flashinfer|BatchDecode|BatchPrefill|Prefill|Decode|fmha|flash|attention"
+                        r"|softmax|sdpa", re.I)),
+    ("矩阵乘", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul", re.I)),
+    ("gather/scatter", re.compile(r"index|gather|scatter", re.I)),
+]
+
+
+def category(name: str) -> str:
+    return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余逐元素")
+
+
+def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int) -> dict:
+    llm = LLM(model, dtype=torch.bfloat16, attention_backend=attn, max_running_req=batch,
+              page_size=16, max_seq_len_override=prompt_len + 512, device="cuda")
+    scheduler = llm.backend.scheduler  # type: ignore[union-attr]
+    gen = torch.Generator().manual_seed(0)
+    for uid in range(batch):
+        scheduler.add_request(uid, torch.randint(0, 10000, (prompt_len,), generator=gen),
+                              SamplingParams(max_tokens=400, ignore_eos=True))
+    while scheduler.prefill.runnable or scheduler.in_flight is None or \
+            scheduler.in_flight.batch.is_prefill:
+        scheduler.step()
+    for _ in range(5):  # warm-up decode steps
+        scheduler.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            assert scheduler.in_flight.batch.size == batch  # type: ignore[union-attr]
+            scheduler.step()
+        wall = (time.perf_counter() - start) / steps
+        torch.cuda.synchronize()
+    gpu: Counter[str] = Counter()
+    launches = 0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
+            launches += 1
+    llm.shutdown()
+    return {"wall": wall * 1000, "gpu": gpu, "launches": launches / steps}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/qwen3-0.6b-random")
+    parser.add_argument("--attn", nargs="+", default=["torch", "flashinfer"])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("需要 CUDA GPU")
+        return 1
+    results = {a: profile_backend(args.model, a, args.batch, args.prompt_len, args.steps)
+               for a in args.attn}
+    print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
+          f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
+    labels = [label for label, _ in CATEGORIES] + ["其余逐元素"]
+    header = ["", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
+    print("  " + "".join(f"{h:<14}" for h in header))
+    for attn, r in results.items():
+        cells = [f"--attn {attn}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
+                 *(f"{r['gpu'][label]:.2f}" for label in labels), f"{r['launches']:.0f}"]
+        print("  " + "".join(f"{c:<14}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
