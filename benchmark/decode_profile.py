@@ -13,6 +13,7 @@ GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备�
 from __future__ import annotations
 
 import argparse
+import gc
 import re
 import sys
 import time
@@ -44,8 +45,13 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
     for uid in range(batch):
         scheduler.add_request(uid, torch.randint(0, 10000, (prompt_len,), generator=gen),
                               SamplingParams(max_tokens=400, ignore_eos=True))
-    while scheduler.prefill.runnable or scheduler.in_flight is None or \
-            scheduler.in_flight.batch.is_prefill:
+    def full_decode() -> bool:
+        flight = scheduler.in_flight
+        return flight is not None and flight.batch.is_decode and flight.batch.size == batch
+
+    for _ in range(1000):  # prefill everything, until a step decodes all requests at once
+        if full_decode():
+            break
         scheduler.step()
     for _ in range(5):  # warm-up decode steps
         scheduler.step()
@@ -53,7 +59,7 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            assert scheduler.in_flight.batch.size == batch  # type: ignore[union-attr]
+            assert full_decode()
             scheduler.step()
         wall = (time.perf_counter() - start) / steps
         torch.cuda.synchronize()
@@ -64,6 +70,8 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
             gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
             launches += 1
     llm.shutdown()
+    gc.collect()
+    torch.cuda.empty_cache()  # the next backend's pool is sized from free memory
     return {"wall": wall * 1000, "gpu": gpu, "launches": launches / steps}
 
 

@@ -13,7 +13,9 @@
 填充到一样长，所有行都生成到最长的那个输出长度，多生成的不计入吞吐。
 
     python benchmark/offline.py                # CPU
-    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --dtype bfloat16
+    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random
+"""
+
 from __future__ import annotations
 
 import argparse

@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default=None)
+    p.add_argument("--attn", default="auto", help="attention backend (chapter 17)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     a = p.parse_args()
     if 1 not in a.tp:
@@ -49,11 +50,13 @@ def main() -> None:
     prompts = torch.randint(100, 40000, (max(a.batch), a.prompt_len), generator=gen).tolist()
     device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
     print(f"# {a.model} · {dtype} · {device_name} × {torch.cuda.device_count() if cuda else 1}"
-          f" · torch {torch.__version__} · prompt {a.prompt_len} · decode {a.decode} tokens")
+          f" · torch {torch.__version__} · --attn {a.attn} · prompt {a.prompt_len}"
+          f" · decode {a.decode} tokens")
     reference: dict[int, list[list[int]]] = {}  # TP=1's greedy outputs, by batch size
     rows = []
     for tp in sorted(set(a.tp)):
         llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
+                  attention_backend=a.attn,
                   max_running_req=max(a.batch), max_seq_len_override=a.prompt_len + a.decode + 8)
         try:
             timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps

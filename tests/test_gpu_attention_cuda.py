@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import TINY_QWEN3
+from conftest import SMOLLM2
 from minisgl.attention import TorchAttentionBackend, create_attention_backend
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -77,7 +77,8 @@ PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):"
 
 def generate(path, attn: str, page_size: int) -> list[list[int]]:
     llm = LLM(str(path), dtype=torch.bfloat16, attention_backend=attn, page_size=page_size,
-              max_running_req=8, max_seq_len_override=512, device="cuda")
+              max_running_req=8, max_seq_len_override=512, num_page_override=4096,
+              device="cuda")
     try:
         outs = llm.generate(PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
     finally:
@@ -87,10 +88,30 @@ def generate(path, attn: str, page_size: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_same_greedy_tokens_as_torch_backend(models_dir, page_size):
-    path = models_dir / TINY_QWEN3
+    """SmolLM2 in bfloat16: each backend's greedy tokens equal the torch backend's, except where
+    the two candidates are a near tie — then the first divergence must be at a position where
+    transformers in float32 scores them within 0.5 of each other (bfloat16 logits of this
+    model are off by about 0.1; a real bug diverges where one token leads by far more)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models_dir / SMOLLM2
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("SmolLM2's weights are not on this machine")
     expected = generate(path, "torch", page_size)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
     for name in backends():
-        assert generate(path, name, page_size) == expected, name
+        for prompt, want, got in zip(PROMPTS, expected, generate(path, name, page_size)):
+            first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            if first is None:
+                continue
+            ids = tokenizer(prompt).input_ids + want[:first]
+            with torch.no_grad():
+                logits = hf(torch.tensor([ids], device="cuda")).logits[0, -1]
+            gap = float(logits[want[first]] - logits[got[first]]).__abs__()
+            print(f"\n{name} page_size={page_size} {prompt!r}: diverges at token {first + 1}, "
+                  f"float32 logit gap {gap:.3f}")
+            assert gap < 0.5, (name, prompt, first, gap)
 
 
 @pytest.mark.parametrize("name", ["flashinfer", "fa"])
@@ -101,9 +122,9 @@ def test_no_host_sync_inside_a_step(models_dir, name):
     if name not in backends():
         pytest.skip("FA3 kernels need a Hopper GPU")
     # Without overlap each step reads its own tokens, so the steps below can be taken apart.
-    llm = LLM(str(models_dir / TINY_QWEN3), dtype=torch.bfloat16, attention_backend=name,
-              page_size=16, max_running_req=8, max_seq_len_override=512, device="cuda",
-              overlap=False)
+    llm = LLM(str(models_dir / SMOLLM2), dtype=torch.bfloat16, attention_backend=name,
+              page_size=16, max_running_req=8, max_seq_len_override=512, num_page_override=256,
+              device="cuda", overlap=False)
     try:
         scheduler = llm.backend.scheduler  # type: ignore[union-attr]
         for uid in range(4):

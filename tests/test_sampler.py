@@ -142,8 +142,9 @@ def test_empirical_distribution_matches_filtered_softmax(temperature, top_k, top
     batch = make_batch([SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)])
     sampler = Sampler(CPU, len(logits), seed=1234)
     one = sampler.prepare(batch)
-    args = SamplingArgs(one.temperatures.repeat(draws), one.top_k.repeat(draws),
-                        one.top_p.repeat(draws))
+    # One request's arguments, for `draws` rows (from chapter 17, no filter is None).
+    args = SamplingArgs(*(None if t is None else t.repeat(draws)
+                          for t in (one.temperatures, one.top_k, one.top_p)))
     tokens = sampler.sample(torch.tensor([logits]).repeat(draws, 1), args)
     freq = torch.bincount(tokens, minlength=len(logits)).double() / draws
     expected = torch.tensor(reference_probs(logits, temperature, top_k, top_p), dtype=torch.double)

@@ -1,1 +1,1 @@
-../../../steps/ch06_engine/minisgl/engine/sampler.py
+../../../steps/ch17_gpu_attention/minisgl/engine/sampler.py

@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/kernel/activation.py
+../../../steps/ch17_gpu_attention/minisgl/kernel/activation.py

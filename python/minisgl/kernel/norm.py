@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/kernel/norm.py
+../../../steps/ch17_gpu_attention/minisgl/kernel/norm.py

@@ -1,0 +1,1 @@
+../../../steps/ch17_gpu_attention/minisgl/kernel/flashinfer_kernels.py

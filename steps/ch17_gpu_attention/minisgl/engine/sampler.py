@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import Batch
+from minisgl.utils import pin
+
+
+@dataclass
+class SamplingArgs:
+    """One batch's sampling parameters as device tensors, one entry per request. Sampler.prepare
+    returns None instead when the whole batch is greedy, so the common case is one argmax."""
+
+    temperatures: torch.Tensor  # [batch]; 0 marks a greedy request
+    # None when no request of the batch filters: the filter sorts every row over the vocabulary
+    top_k: torch.Tensor | None  # [batch] int; vocab_size means "no top-k"
+    top_p: torch.Tensor | None  # [batch] float; 1.0 means "no top-p"
+
+
+def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside its row's top-k, then outside the smallest set of the
+    remaining tokens whose renormalised probability reaches top_p (the top-1 always stays)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+class Sampler:
+    """Next tokens for a batch in which every request has its own temperature, top-k and top-p.
+    Random draws come from one seeded generator, so a run is reproducible."""
+
+    def __init__(self, device: torch.device, vocab_size: int, seed: int) -> None:
+        self.device, self.vocab_size = device, vocab_size
+        self.generator = torch.Generator(device).manual_seed(seed)
+
+    def prepare(self, batch: Batch) -> SamplingArgs | None:
+        params = [req.sampling_params for req in batch.reqs]
+        if all(p.is_greedy for p in params):
+            return None
+        rows = [[0.0 if p.is_greedy else p.temperature for p in params]]
+        filtering = any(not p.is_greedy and (p.top_k >= 1 or p.top_p < 1.0) for p in params)
+        if filtering:
+            rows += [[float(p.top_k if p.top_k >= 1 else self.vocab_size) for p in params],
+                     [p.top_p for p in params]]
+        # One pinned copy: a pageable one would make the host wait for the device.
+        values = pin(torch.tensor(rows), self.device).to(self.device, non_blocking=True)
+        if not filtering:
+            return SamplingArgs(values[0], None, None)
+        return SamplingArgs(values[0], values[1].long(), values[2])
+
+    def sample(self, logits: torch.Tensor, args: SamplingArgs | None) -> torch.Tensor:
+        greedy = logits.argmax(dim=-1)
+        if args is None:
+            return greedy
+        scaled = logits.float() / args.temperatures.clamp(min=1e-6)[:, None]
+        if args.top_k is not None and args.top_p is not None:
+            scaled = top_k_top_p_filter(scaled, args.top_k, args.top_p)
+        probs = scaled.softmax(dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        return torch.where(args.temperatures == 0, greedy, sampled)

@@ -1,0 +1,26 @@
+"""FlashInfer's fused kernels behind the reference ops, for CUDA tensors in float16/bfloat16 when
+flashinfer-python is installed: RMSNorm (alone, and fused with the residual add), RoPE, and
+SiLU-and-mul each become one launch instead of the reference's three to twenty. Decode on a GPU
+is bound by the host launching kernels (chapter 17's profile), so launches are what count."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+import torch
+
+INSTALLED = importlib.util.find_spec("flashinfer") is not None
+_module: ModuleType | None = None
+
+
+def flashinfer_for(x: torch.Tensor) -> ModuleType | None:
+    """The flashinfer package when its kernels can take `x`, else None (the reference runs)."""
+    global _module
+    if not (INSTALLED and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)):
+        return None
+    if _module is None:
+        import flashinfer  # each kernel is compiled at its first use and cached on disk
+
+        _module = flashinfer
+    return _module
