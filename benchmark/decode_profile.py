@@ -45,21 +45,20 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
     for uid in range(batch):
         scheduler.add_request(uid, torch.randint(0, 10000, (prompt_len,), generator=gen),
                               SamplingParams(max_tokens=400, ignore_eos=True))
-    def full_decode() -> bool:
+    def decoding() -> bool:
         flight = scheduler.in_flight
-        return flight is not None and flight.batch.is_decode and flight.batch.size == batch
+        return flight is not None and flight.batch.is_decode and not scheduler.prefill.runnable
 
-    for _ in range(1000):  # prefill everything, until a step decodes all requests at once
-        if full_decode():
-            break
+    while not decoding():  # prefill everything
         scheduler.step()
     for _ in range(5):  # warm-up decode steps
         scheduler.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
+        sizes = []
         for _ in range(steps):
-            assert full_decode()
+            sizes.append(scheduler.in_flight.batch.size)  # type: ignore[union-attr]
             scheduler.step()
         wall = (time.perf_counter() - start) / steps
         torch.cuda.synchronize()
@@ -69,10 +68,12 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
         if event.device_type == torch.autograd.DeviceType.CUDA:
             gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
             launches += 1
+    del scheduler  # the engine and its KV pool must go with the LLM
     llm.shutdown()
     gc.collect()
     torch.cuda.empty_cache()  # the next backend's pool is sized from free memory
-    return {"wall": wall * 1000, "gpu": gpu, "launches": launches / steps}
+    return {"wall": wall * 1000, "gpu": gpu, "launches": launches / steps,
+            "batch": sum(sizes) / len(sizes)}
 
 
 def main() -> int:
@@ -91,12 +92,12 @@ def main() -> int:
     print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
           f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余逐元素"]
-    header = ["", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
-    print("  " + "".join(f"{h:<14}" for h in header))
+    header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
+    print("  " + "".join(f"{h:<{18 if i == 0 else 12}}" for i, h in enumerate(header)))
     for attn, r in results.items():
-        cells = [f"--attn {attn}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
+        cells = [f"--attn {attn}", f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
                  *(f"{r['gpu'][label]:.2f}" for label in labels), f"{r['launches']:.0f}"]
-        print("  " + "".join(f"{c:<14}" for c in cells))
+        print("  " + "".join(f"{c:<{18 if i == 0 else 12}}" for i, c in enumerate(cells)))
     return 0
 
 
