@@ -15,6 +15,8 @@ MODELS_DIR = Path(os.environ.get("MINISGL_MODELS") or ROOT / "models")
 SMOLLM2 = "SmolLM2-135M-Instruct"
 TINY_QWEN3 = "tiny-qwen3"
 TINY_LLAMA = "tiny-llama"
+TINY_QWEN2 = "tiny-qwen2"  # q/k/v biases
+TINY_MISTRAL = "tiny-mistral"
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
+from conftest import MODELS_DIR, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3
 from minisgl.models import MODELS, CausalLM, ModelConfig, create_model, load_model, read_checkpoint
 from minisgl.utils import Registry
 
@@ -49,6 +49,16 @@ def test_config_of_tiny_llama_parses_llama3_rope_parameters(tiny_llama_path):
         ("LlamaForCausalLM", 4, 8, 4, 32)
     assert c.rope_theta == 500000.0 and c.tie_word_embeddings is True
     assert c.rope_scaling == LLAMA3_SCALING
+
+
+@pytest.mark.parametrize("name, architecture, tied", [
+    (TINY_QWEN2, "Qwen2ForCausalLM", True), (TINY_MISTRAL, "MistralForCausalLM", False)])
+def test_config_of_tiny_qwen2_and_tiny_mistral(name, architecture, tied):
+    c = ModelConfig.from_dir(MODELS_DIR / name)
+    assert (c.architecture, c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim) == \
+        (architecture, 4, 8, 4, 32)
+    assert (c.rope_theta, c.rope_scaling, c.max_position) == (1e6, None, 4096)
+    assert c.tie_word_embeddings is tied
 
 
 def base_hf_config(**extra) -> dict:
@@ -90,12 +100,64 @@ def test_config_from_dir_reads_a_4x_config_file(tmp_path):
     assert c.rope_theta == 500000.0 and c.rope_scaling == LLAMA3_SCALING
 
 
-def test_registry_knows_both_architectures():
-    assert {"LlamaForCausalLM", "Qwen3ForCausalLM"} <= set(MODELS.names())
+# --- refused configurations: served wrongly otherwise --------------------------------------------
+
+def test_mistral_sliding_window_shorter_than_the_context_is_refused():
+    hf = base_hf_config(architectures=["MistralForCausalLM"], sliding_window=4096,
+                        max_position_embeddings=32768)
+    with pytest.raises(ValueError) as info:
+        ModelConfig.from_hf(hf)
+    message = str(info.value)
+    assert "sliding_window=4096" in message and "max_position_embeddings=32768" in message
+    assert "Set max_position_embeddings to 4096" in message
 
 
-def test_model_parameters_are_the_checkpoint_names_fused(tiny_qwen3_path):
-    config = ModelConfig.from_dir(tiny_qwen3_path)
+def test_qwen2_sliding_window_counts_only_when_switched_on():
+    hf = base_hf_config(architectures=["Qwen2ForCausalLM"], sliding_window=1024,
+                        max_position_embeddings=32768, use_sliding_window=False)
+    assert ModelConfig.from_hf(hf).max_position == 32768  # a setting only: every layer is full
+    with pytest.raises(ValueError, match="sliding_window=1024"):
+        ModelConfig.from_hf({**hf, "use_sliding_window": True})
+
+
+@pytest.mark.parametrize("window", [None, 32768, 65536])
+def test_a_window_covering_the_whole_context_is_full_attention(window):
+    hf = base_hf_config(architectures=["MistralForCausalLM"], sliding_window=window,
+                        max_position_embeddings=32768)
+    assert ModelConfig.from_hf(hf).max_position == 32768
+
+
+def test_a_multimodal_config_is_refused_by_name():
+    hf = {"architectures": ["Mistral3ForConditionalGeneration"], "text_config": base_hf_config()}
+    with pytest.raises(ValueError, match=r"Mistral3ForConditionalGeneration.*text_config"):
+        ModelConfig.from_hf(hf)
+
+
+# --- the model registry ---------------------------------------------------------------------------
+
+def test_registry_knows_the_four_architectures():
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
+            "MistralForCausalLM"} <= set(MODELS.names())
+
+
+def test_qwen2_has_q_k_v_biases_and_no_o_proj_bias():
+    config = ModelConfig.from_dir(MODELS_DIR / TINY_QWEN2)
+    assert config.attention_bias is False  # Qwen2's config.json has no such field
+    attn = create_model(config).model.layers[0].self_attn
+    assert attn.qkv_proj.bias is not None and attn.qkv_proj.bias.shape == ((8 + 2 * 4) * 32,)
+    assert attn.o_proj.bias is None
+
+
+def test_mistral_ignores_attention_bias_like_transformers():
+    config = ModelConfig.from_hf(base_hf_config(architectures=["MistralForCausalLM"],
+                                                attention_bias=True))
+    assert create_model(config).model.layers[0].self_attn.qkv_proj.bias is None
+
+
+@pytest.mark.parametrize("name", [TINY_QWEN3, TINY_QWEN2, TINY_MISTRAL])
+def test_model_parameters_are_the_checkpoint_names_fused(name):
+    path = MODELS_DIR / name
+    config = ModelConfig.from_dir(path)
     names = set(create_model(config).state_dict())
     fused_as = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                 "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
@@ -104,9 +166,14 @@ def test_model_parameters_are_the_checkpoint_names_fused(tiny_qwen3_path):
         *module, part, kind = name.split(".")
         return ".".join([*module, fused_as.get(part, part), kind])
 
-    checkpoint = load_file(tiny_qwen3_path / "model.safetensors")
+    checkpoint = load_file(path / "model.safetensors")
+    if config.tie_word_embeddings:
+        checkpoint.pop("lm_head.weight", None)
     assert names == {fused(name) for name in checkpoint}
-    assert "model.layers.0.self_attn.q_norm.weight" in names and "lm_head.weight" in names
+    if name == TINY_QWEN3:
+        assert "model.layers.0.self_attn.q_norm.weight" in names and "lm_head.weight" in names
+    if name == TINY_QWEN2:
+        assert "model.layers.0.self_attn.qkv_proj.bias" in names
 
 
 def test_created_model_is_all_meta_until_loaded(tiny_llama_path):
@@ -266,7 +333,6 @@ import re  # noqa: E402
 
 from safetensors import safe_open  # noqa: E402
 
-from conftest import MODELS_DIR  # noqa: E402
 from processes import run_example  # noqa: E402
 
 
@@ -298,7 +364,8 @@ def test_example_builds_smollm2_from_its_config_and_names_the_failures():
         unfused = name.replace("qkv_proj", "q_proj").replace("gate_up_proj", "gate_proj")
         assert unfused in keys, name
     names = ast.literal_eval(re.search(r"^注册过的结构： (\[.*\])$", out, re.M).group(1))
-    assert {"LlamaForCausalLM", "Qwen3ForCausalLM"} <= set(names)
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
+            "MistralForCausalLM"} <= set(names)
     # The book's format: what kind of thing, what was asked for, what exists.
     assert (f"ValueError: unknown model architecture 'MysteryForCausalLM'; known: "
             f"{', '.join(names)}") in out

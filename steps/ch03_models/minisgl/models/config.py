@@ -23,7 +23,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None  # None for plain RoPE
     max_position: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    attention_bias: bool  # q, k and v projections with biases
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
@@ -36,6 +36,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        if "text_config" in hf:  # e.g. Mistral3ForConditionalGeneration: a vision model too
+            raise ValueError(f"config.json of {hf.get('architectures')} nests its language model "
+                             f"in text_config; only text-only checkpoints are supported")
         # transformers 5 nests rope_theta and the scaling under rope_parameters; 4.x keeps
         # rope_theta at the top and the scaling in rope_scaling.
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
@@ -46,6 +49,8 @@ class ModelConfig:
             rope_scaling = {"rope_type": rope.get("rope_type", rope.get("type")), **rope}
         if hf.get("hidden_act", "silu") != "silu":  # the MLPs here are SwiGLU
             raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
+        max_position = hf.get("max_position_embeddings", 4096)
+        _check_no_sliding_window(hf, max_position)
         num_q_heads = hf["num_attention_heads"]
         return cls(
             architecture=(hf.get("architectures") or ["LlamaForCausalLM"])[0],
@@ -59,7 +64,22 @@ class ModelConfig:
             rms_norm_eps=hf["rms_norm_eps"],
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
-            max_position=hf.get("max_position_embeddings", 4096),
+            max_position=max_position,
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             attention_bias=hf.get("attention_bias", False),
         )
+
+
+def _check_no_sliding_window(hf: dict[str, Any], max_position: int) -> None:
+    """Refuse a model whose layers attend only to the last `sliding_window` tokens: every layer
+    here attends to the whole context, which is the same thing only while the context fits in
+    the window. (Mistral slides whenever sliding_window is set; Qwen2 and Qwen3 carry a window
+    size but use it only with use_sliding_window.)"""
+    window = hf.get("sliding_window")
+    if window is None or not hf.get("use_sliding_window", True) or window >= max_position:
+        return
+    raise ValueError(
+        f"sliding_window={window} is shorter than max_position_embeddings={max_position}, and "
+        f"sliding-window attention is not implemented here: longer contexts would be served "
+        f"wrongly. Set max_position_embeddings to {window} in config.json to serve only "
+        f"contexts the window covers, or use a checkpoint with sliding_window null")

@@ -8,7 +8,7 @@ import torch
 
 from minisgl.distributed import TPInfo, get_tp_info, set_tp_info
 
-from . import llama, qwen3  # noqa: F401  (registers the architectures)
+from . import llama, mistral, qwen2, qwen3  # noqa: F401  (registers the architectures)
 from .base import CausalLM
 from .config import ModelConfig
 from .registry import MODELS, create_model

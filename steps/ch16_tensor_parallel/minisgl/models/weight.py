@@ -32,7 +32,9 @@ def read_shard(f: Any, name: str) -> torch.Tensor:
     whole = f.get_slice(name)
     rows, *_ = whole.get_shape()
     *_, module, kind = name.split(".")
-    if module in COLUMN_PARALLEL:  # q/k/v rows are whole heads, gate/up rows whole units
+    # q/k/v rows are whole heads, gate/up rows whole units; a bias (Qwen2's q/k/v) is cut
+    # with its weight's rows, so each rank adds the bias of its own heads.
+    if module in COLUMN_PARALLEL:
         n = rows // tp.size
         return whole[tp.rank * n : (tp.rank + 1) * n]
     if module in ROW_PARALLEL and kind == "weight":  # a bias is added once, after the sum

@@ -1,0 +1,1 @@
+../../../steps/ch03_models/minisgl/models/mistral.py
