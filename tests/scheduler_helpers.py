@@ -164,6 +164,37 @@ def eos_case(model: str, seed: int) -> tuple[list[int], int, int]:
                 return ids, ref[k], k
 
 
+def assert_eos_frees_a_request_exactly_once(monkeypatch, **options) -> None:
+    """Request 0 meets a token of its greedy output made an EOS token and stops there, while two
+    others run on to max_tokens: every request is freed exactly once, and each row and page is
+    back (free, or in the prefix cache from chapter 9). `options` go to make_scheduler."""
+    ids, eos, k = eos_case(TINY_QWEN3, seed=2)
+    others = [random_ids(random.Random(10 + i), 12) for i in range(2)]
+    refs = [reference(TINY_QWEN3, o) for o in others]
+    assert all(eos not in r for r in refs)  # only request 0 meets the EOS token
+    s = make_scheduler(TINY_QWEN3, page_size=2, max_running_req=3, num_page_override=40,
+                       **options)
+    s.eos_token_ids = frozenset({eos})
+    freed: Counter[int] = Counter()
+    real_free = s._free
+
+    def counting_free(req: Req) -> None:
+        freed[req.uid] += 1
+        real_free(req)
+
+    monkeypatch.setattr(s, "_free", counting_free)
+    arrivals = [Arrival(0, 0, ids, REF_TOKENS)] + [Arrival(0, i + 1, o, REF_TOKENS)
+                                                   for i, o in enumerate(others)]
+    outputs = drive(s, arrivals, ignore_eos=False)
+    assert [o.token for o in outputs[0]] == reference(TINY_QWEN3, ids)[: k + 1]
+    assert [[o.token for o in outputs[i + 1]] for i in range(2)] == refs
+    assert freed == {0: 1, 1: 1, 2: 1}
+    assert sorted(s.table.free_rows) == [0, 1, 2]
+    prefix_cache = getattr(s.cache, "prefix_cache", None)  # chapter 9
+    cached = prefix_cache.evictable_size // 2 if prefix_cache is not None else 0
+    assert len(set(s.cache.free_pages)) == len(s.cache.free_pages) == 40 - cached
+
+
 # --- watching what the scheduler does -------------------------------------------------------------
 
 @dataclass

@@ -32,7 +32,7 @@ def test_prompt_longer_than_the_budget_is_cut_and_stays_at_the_queue_head():
     s.prefill.add(pending(1, tokens(100, 3), max_tokens=3))
     batch = s.prefill.schedule_next_batch()
     (chunk,) = batch.reqs
-    assert isinstance(chunk, ChunkedReq) and not chunk.can_decode
+    assert isinstance(chunk, ChunkedReq) and chunk.can_decode is False
     assert (chunk.cached_len, chunk.device_len) == (0, 8)
     assert [p.uid for p in s.prefill.pending] == [0, 1] and s.prefill.pending[0].chunk is chunk
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections import Counter
 
 import pytest
 import torch
@@ -22,7 +21,8 @@ from conftest import SMOLLM2, TINY_QWEN3
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.table import TableManager
-from scheduler_helpers import (REF_TOKENS, Arrival, assert_equals_each_request_run_alone,
+from scheduler_helpers import (REF_TOKENS, Arrival, assert_eos_frees_a_request_exactly_once,
+                               assert_equals_each_request_run_alone,
                                assert_finishes_every_request_once_with_max_tokens,
                                assert_leaks_no_page_and_no_row, completed_runs, drive, eos_case,
                                greedy, make_scheduler, pending, random_ids, record_batches,
@@ -226,29 +226,7 @@ def test_ignore_eos_runs_past_the_eos_token_with_overlap():
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 def test_eos_frees_a_request_exactly_once_while_others_run_on(overlap, monkeypatch):
     # With the radix cache (chapter 7 runs this without one, serially).
-    ids, eos, k = eos_case(TINY_QWEN3, seed=2)
-    others = [random_ids(random.Random(10 + i), 12) for i in range(2)]
-    refs = [reference(TINY_QWEN3, o) for o in others]
-    assert all(eos not in r for r in refs)  # only request 0 meets the EOS token
-    s = make_scheduler(TINY_QWEN3, overlap=overlap, page_size=2, max_running_req=3,
-                       num_page_override=40)
-    s.eos_token_ids = frozenset({eos})
-    freed: Counter[int] = Counter()
-    real_free = s._free
-
-    def counting_free(req: Req) -> None:
-        freed[req.uid] += 1
-        real_free(req)
-
-    monkeypatch.setattr(s, "_free", counting_free)
-    arrivals = [Arrival(0, 0, ids, REF_TOKENS)] + [Arrival(0, i + 1, o, REF_TOKENS)
-                                                   for i, o in enumerate(others)]
-    outputs = drive(s, arrivals, ignore_eos=False)
-    assert [o.token for o in outputs[0]] == reference(TINY_QWEN3, ids)[: k + 1]
-    assert [[o.token for o in outputs[i + 1]] for i in range(2)] == refs
-    assert freed == {0: 1, 1: 1, 2: 1}
-    assert sorted(s.table.free_rows) == [0, 1, 2]
-    assert len(s.cache.free_pages) + s.cache.prefix_cache.evictable_size // 2 == 40
+    assert_eos_frees_a_request_exactly_once(monkeypatch, overlap=overlap)
 
 
 # --- the chapter's example ---

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import random
 import re
-from collections import Counter
 
 import pytest
 
 from conftest import SMOLLM2, TINY_LLAMA, TINY_QWEN3
-from minisgl.core import Req
 from scheduler_helpers import (NO_PREFIX_SHARING, REF_TOKENS, Arrival,
+                               assert_eos_frees_a_request_exactly_once,
                                assert_equals_each_request_run_alone, assert_every_page_and_row_free,
                                assert_finishes_every_request_once_with_max_tokens, completed_runs,
                                drive, eos_case, greedy, make_scheduler, random_ids,
@@ -144,28 +143,7 @@ def test_ignore_eos_runs_past_the_eos_token():
 
 
 def test_eos_frees_a_request_exactly_once_while_others_run_on(monkeypatch):
-    ids, eos, k = eos_case(TINY_QWEN3, seed=2)
-    others = [random_ids(random.Random(10 + i), 12) for i in range(2)]
-    refs = [reference(TINY_QWEN3, o) for o in others]
-    assert all(eos not in r for r in refs)  # only request 0 meets the EOS token
-    s = scheduler(page_size=2, max_running_req=3, num_page_override=40)
-    s.eos_token_ids = frozenset({eos})
-    freed: Counter[int] = Counter()
-    real_free = s._free
-
-    def counting_free(req: Req) -> None:
-        freed[req.uid] += 1
-        real_free(req)
-
-    monkeypatch.setattr(s, "_free", counting_free)
-    arrivals = [Arrival(0, 0, ids, REF_TOKENS)] + [Arrival(0, i + 1, o, REF_TOKENS)
-                                                   for i, o in enumerate(others)]
-    outputs = drive(s, arrivals, ignore_eos=False)
-    assert [o.token for o in outputs[0]] == reference(TINY_QWEN3, ids)[: k + 1]
-    assert [[o.token for o in outputs[i + 1]] for i in range(2)] == refs
-    assert freed == {0: 1, 1: 1, 2: 1}
-    assert sorted(s.table.free_rows) == [0, 1, 2]
-    assert sorted(s.cache.free_pages) == list(range(40))
+    assert_eos_frees_a_request_exactly_once(monkeypatch, **NO_PREFIX_SHARING)
 
 
 # --- rejection ------------------------------------------------------------------------------------
