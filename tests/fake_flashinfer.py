@@ -69,7 +69,7 @@ class _Wrapper:
         self.indptr, self.indices = indptr.clone(), indices.clone()
         self.lengths, self.page_size = lengths, page_size
         self.heads, self.head_dim = (num_qo_heads, num_kv_heads), head_dim
-        self.dtype = q_data_type
+        self.dtype, self.kv_dtype = q_data_type, kv_data_type or q_data_type
         self.sm_scale = head_dim ** -0.5 if sm_scale is None else sm_scale
         self.planned = True
         calls.append(("plan", self.kind))
@@ -85,7 +85,7 @@ class _Wrapper:
         rows = len(self.lengths) if self.qo_indptr is None else int(self.qo_indptr[-1])
         assert q.shape == (rows, num_qo_heads, self.head_dim), \
             f"q {tuple(q.shape)} != planned ({rows}, {num_qo_heads}, {self.head_dim})"
-        assert q.dtype == self.dtype and k_pages.dtype == self.dtype
+        assert q.dtype == self.dtype and k_pages.dtype == self.kv_dtype
         calls.append(("run", self.kind))
         out = torch.empty_like(q)
         group = num_qo_heads // num_kv_heads

@@ -20,6 +20,7 @@ from minisgl.core import Batch, Req, SamplingParams
 from minisgl.kvcache import MHAKVPool
 from minisgl.llm import LLM
 from minisgl.scheduler.cache import CacheManager
+from minisgl.utils.ragged import ragged_arange
 
 CHAPTER = 17  # tools/steps.py check runs this module on chapter 17's own tree
 
@@ -225,6 +226,18 @@ def allocate_page_by_page(free_pages: list[int], table: torch.Tensor, reqs: list
             page = free_pages.pop()
             table[req.table_idx, index * page_size:(index + 1) * page_size] = torch.arange(
                 page * page_size, (page + 1) * page_size)
+
+
+def test_ragged_arange_equals_one_arange_per_segment():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        n = int(torch.randint(0, 7, (1,), generator=gen))
+        starts = torch.randint(0, 50, (n,), generator=gen)
+        counts = torch.randint(0, 5, (n,), generator=gen)  # empty segments included
+        owner, values = ragged_arange(starts, counts)
+        expected = [(r, v) for r in range(n)
+                    for v in range(int(starts[r]), int(starts[r] + counts[r]))]
+        assert list(zip(owner.tolist(), values.tolist())) == expected
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])

@@ -11,6 +11,7 @@ import torch
 from minisgl.core import Batch
 from minisgl.kvcache import MHAKVPool
 from minisgl.utils import pin
+from minisgl.utils.ragged import ragged_arange
 
 from .base import BaseAttentionBackend
 
@@ -98,8 +99,7 @@ class FlashInferBackend(BaseAttentionBackend):
         # The pages of request r are page_table[row_r, j * page_size] // page_size for
         # j < num_pages_r: their positions in the flattened table, computed here, gathered
         # on the device (the table lives there).
-        owner = torch.repeat_interleave(torch.arange(len(reqs)), num_pages)
-        page_of_req = torch.arange(len(owner)) - kv_indptr[:-1].long()[owner]
+        owner, page_of_req = ragged_arange(torch.zeros_like(num_pages), num_pages)
         rows = torch.tensor([r.table_idx for r in reqs])[owner]
         flat = rows * self.page_table.shape[1] + page_of_req * size
         device_part = pin(torch.cat([flat, qo_indptr[1:].long() - 1]), self.device)

@@ -5,6 +5,7 @@ import torch
 from minisgl.core import Req
 from minisgl.kvcache import CacheHandle, create_prefix_cache
 from minisgl.utils import pin
+from minisgl.utils.ragged import ragged_arange
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -73,10 +74,8 @@ class CacheManager:
             return
         pages = torch.tensor(self.free_pages[-needed:][::-1])  # the order pop() would take
         del self.free_pages[-needed:]
-        # Page i of the batch's new pages is page j of request r: r and j for every page.
-        owner = torch.repeat_interleave(torch.arange(len(reqs)), count)
-        starts = count.cumsum(0) - count
-        index = first[owner] + torch.arange(needed) - starts[owner]
+        # Page i of the batch's new pages is page `index` of request `owner`.
+        owner, index = ragged_arange(first, count)
         offsets = torch.arange(size)
         rows = torch.tensor([r.table_idx for r in reqs])[owner]
         columns = (index[:, None] * size + offsets).flatten()

@@ -7,6 +7,7 @@ import torch
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, ForwardOutput
 from minisgl.utils import Event, create_event, create_stream, pin, use_stream
+from minisgl.utils.ragged import ragged_arange
 
 from .cache import CacheManager
 from .config import SchedulerConfig, read_eos_token_ids
@@ -110,14 +111,11 @@ class Scheduler:
         device, reqs = self.engine.device, batch.reqs
         if batch.is_prefill:
             self.prefill_computed_tokens += sum(r.extend_len for r in reqs)
-        # Token t of the batch belongs to request r: its row, and position cached_len_r + i.
-        # Built with a few whole-batch ops and copied in one pinned transfer: per-request
-        # tensors would cost host time that grows with the batch.
-        extend = torch.tensor([r.extend_len for r in reqs])
-        owner = torch.repeat_interleave(torch.arange(len(reqs)), extend)
-        shift = (extend.cumsum(0) - extend) - torch.tensor([r.cached_len for r in reqs])
-        where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner],
-                             torch.arange(len(owner)) - shift[owner]])
+        # Token t of the batch belongs to request r: its row, and positions cached_len_r + i;
+        # copied in one pinned transfer.
+        owner, positions = ragged_arange(torch.tensor([r.cached_len for r in reqs]),
+                                         torch.tensor([r.extend_len for r in reqs]))
+        where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner], positions])
         rows, batch.positions = pin(where, device).to(device, non_blocking=True)
         batch.out_loc = self.engine.page_table[rows, batch.positions].long()
         self.engine.attn_backend.prepare_metadata(batch)

@@ -1,0 +1,1 @@
+../../../steps/ch17_gpu_attention/minisgl/utils/ragged.py
