@@ -111,6 +111,10 @@ def main() -> int:
                              "torch flashinfer fa on cuda)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="default: bfloat16 on cuda, float32 on the CPU")
+    parser.add_argument("--ablate", nargs="*", default=None,
+                        choices=["overlap", "radix", "cuda-graph"],
+                        help="features to turn off one at a time, each a row of its own "
+                             "(default: overlap and radix on the CPU workload, none on official)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
@@ -142,9 +146,14 @@ def main() -> int:
 
     configs = [(f"我们：--attn {name}" if len(attns) > 1 else "我们：LLM.generate",
                 ours(attention_backend=name)) for name in attns]
-    if workload_name == "cpu":
-        configs += [("我们：关掉重叠调度", ours(overlap=False)),
-                    ("我们：关掉 radix cache", ours(cache_type="naive"))]
+    ablate = args.ablate if args.ablate is not None else (
+        ["overlap", "radix"] if workload_name == "cpu" else [])
+    ablations = {"overlap": ("我们：关掉重叠调度", dict(overlap=False)),
+                 "radix": ("我们：关掉 radix cache", dict(cache_type="naive")),
+                 "cuda-graph": ("我们：关掉 CUDA Graph", dict(cuda_graph="off"))}
+    for feature in ablate:  # with the first backend of --attn
+        name, option = ablations[feature]
+        configs.append((name, ours(attention_backend=attns[0], **option)))
     if not args.skip_transformers:
         configs.append(("transformers 批量 generate", lambda: run_transformers(
             args.model, prompts, output_lens, 2, args.device, dtype)))

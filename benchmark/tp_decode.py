@@ -5,8 +5,8 @@
 Each request has a fixed random prompt; the decode rate is measured as the difference between
 a run of 1 + D output tokens and a run of 1 output token (the prefill cancels out), repeated
 --rounds times, best round kept. The radix cache is off, so the second run does not reuse the
-first one's prompts. TP=1 runs first and is the reference: the greedy outputs of each larger TP
-size are compared with TP=1's at every batch size (TP=1 itself is compared with nothing).
+first one's prompts. TP=1 with the first --cuda-graph mode runs first and is the reference: the
+greedy outputs of every other setting are compared with its outputs at every batch size.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--attn", default="auto", help="attention backend (chapter 17)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    p.add_argument("--cuda-graph", nargs="+", default=["auto"], choices=["auto", "off", "emulate"],
+                   help="decode graph modes to measure side by side (chapter 18)")
     a = p.parse_args()
     if 1 not in a.tp:
         p.error("--tp must include 1: the other sizes' outputs are compared with TP=1's")
@@ -52,31 +54,39 @@ def main() -> None:
     print(f"# {a.model} · {dtype} · {device_name} × {torch.cuda.device_count() if cuda else 1}"
           f" · torch {torch.__version__} · --attn {a.attn} · prompt {a.prompt_len}"
           f" · decode {a.decode} tokens")
-    reference: dict[int, list[list[int]]] = {}  # TP=1's greedy outputs, by batch size
+    reference: dict[int, list[list[int]]] = {}  # the first setting's greedy outputs, by batch
     rows = []
-    for tp in sorted(set(a.tp)):
-        llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
-                  attention_backend=a.attn,
-                  max_running_req=max(a.batch), max_seq_len_override=a.prompt_len + a.decode + 8)
-        try:
-            timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps
-            for batch in a.batch:
-                best = float("inf")
-                for _ in range(a.rounds):
-                    short, _ = timed(llm, prompts[:batch], 1)
-                    long, outs = timed(llm, prompts[:batch], 1 + a.decode)
-                    best = min(best, long - short)
-                rows.append((tp, batch, batch * a.decode / best, best / a.decode * 1e3))
-                if tp == 1:
-                    reference[batch] = outs
-                else:
-                    print(f"TP={tp} batch {batch}: greedy outputs identical to TP=1: "
-                          f"{outs == reference[batch]}")
-        finally:
-            llm.shutdown()
-    print(f"{'TP':>3} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
-    for tp, batch, rate, ms in rows:
-        print(f"{tp:>3} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
+    for graph in a.cuda_graph:
+        for tp in sorted(set(a.tp)):
+            llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
+                      attention_backend=a.attn, cuda_graph=graph, max_running_req=max(a.batch),
+                      max_seq_len_override=a.prompt_len + a.decode + 8)
+            try:
+                engine = getattr(getattr(llm.backend, "scheduler", None), "engine", None)
+                if engine is not None and getattr(engine, "graphs", None) is not None:
+                    print(f"--cuda-graph {graph}: {len(engine.graphs.graphs)} graphs captured in "
+                          f"{engine.graph_capture_seconds:.1f} s, "
+                          f"{engine.graph_memory_bytes / 2**20:.0f} MiB")
+                timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps
+                for batch in a.batch:
+                    best = float("inf")
+                    for _ in range(a.rounds):
+                        short, _ = timed(llm, prompts[:batch], 1)
+                        long, outs = timed(llm, prompts[:batch], 1 + a.decode)
+                        best = min(best, long - short)
+                    rows.append((tp, graph, batch, batch * a.decode / best,
+                                 best / a.decode * 1e3))
+                    if batch not in reference:
+                        reference[batch] = outs
+                    else:
+                        print(f"TP={tp} --cuda-graph {graph} batch {batch}: greedy outputs "
+                              f"identical to TP=1 --cuda-graph {a.cuda_graph[0]}: "
+                              f"{outs == reference[batch]}")
+            finally:
+                llm.shutdown()
+    print(f"{'TP':>3} {'graph':>6} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
+    for tp, graph, batch, rate, ms in rows:
+        print(f"{tp:>3} {graph:>6} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
 
 
 if __name__ == "__main__":

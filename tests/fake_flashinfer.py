@@ -143,3 +143,36 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
                    num_qo_heads, num_kv_heads, head_dim_qk, page_size, q_data_type,
                    kv_data_type, sm_scale, seq_lens)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """Graph mode: the batch size is fixed, plan() copies the shape into the caller's static
+    buffers, and run() reads it back from them — as captured kernels do at every replay, so a
+    buffer the caller forgot to refill gives the stale batch's answer here too."""
+
+    def __init__(self, workspace_buffer: torch.Tensor, indptr_buffer: torch.Tensor,
+                 indices_buffer: torch.Tensor, last_page_len_buffer: torch.Tensor,
+                 kv_layout: str = "NHD", use_tensor_cores: bool = False) -> None:
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
+                         use_tensor_cores=use_tensor_cores)
+        self.buffers = (indptr_buffer, indices_buffer, last_page_len_buffer)
+        assert len(indptr_buffer) == len(last_page_len_buffer) + 1
+
+    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+             *args: object, **kwargs: object) -> None:
+        indptr_buffer, indices_buffer, last_page_len_buffer = self.buffers
+        assert len(last_page_len) == len(last_page_len_buffer), "graph mode: fixed batch size"
+        assert len(indices) <= len(indices_buffer), "more pages than the indices buffer holds"
+        super().plan(indptr, indices, last_page_len, *args, **kwargs)  # type: ignore[arg-type]
+        indptr_buffer.copy_(indptr)
+        indices_buffer[: len(indices)].copy_(indices)
+        last_page_len_buffer.copy_(last_page_len)
+
+    def run(self, q: torch.Tensor, paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+            **kwargs: object) -> torch.Tensor:
+        indptr_buffer, indices_buffer, last_page_len_buffer = self.buffers
+        self.indptr = indptr_buffer.cpu()
+        self.indices = indices_buffer[: int(self.indptr[-1])]
+        pages = self.indptr[1:] - self.indptr[:-1]
+        self.lengths = (pages - 1) * self.page_size + last_page_len_buffer.cpu()
+        return super().run(q, paged_kv_cache, **kwargs)

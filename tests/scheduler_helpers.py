@@ -213,17 +213,19 @@ class BatchRecord:
 
 
 def record_batches(s: Scheduler, monkeypatch) -> list[BatchRecord]:
-    """Record every batch the scheduler runs, as _prepare receives it: after scheduling, before
-    the forward advances the lengths (so also before the launch, with overlap)."""
+    """Record every batch the scheduler runs, as it is handed on after scheduling: before the
+    forward advances the lengths (so also before the launch, with overlap). That is _prepare
+    until chapter 17; from chapter 18, where the engine prepares batches, _launch."""
     log: list[BatchRecord] = []
-    real_prepare = s._prepare
+    hook = "_prepare" if hasattr(s, "_prepare") else "_launch"
+    real_prepare = getattr(s, hook)
 
     def prepare(batch, *args):
         log.append(BatchRecord(batch.phase, [(r.uid, r.cached_len, r.device_len, type(r).__name__)
                                              for r in batch.reqs], s.decode.runnable))
         return real_prepare(batch, *args)
 
-    monkeypatch.setattr(s, "_prepare", prepare)
+    monkeypatch.setattr(s, hook, prepare)
     return log
 
 

@@ -151,7 +151,7 @@ def test_max_seq_len_is_the_override_when_the_pool_is_larger(tiny_qwen3_path):
 def test_max_seq_len_is_the_pool_size_when_the_pool_is_smaller(tiny_qwen3_path):
     engine = make_engine(tiny_qwen3_path, num_page_override=10, page_size=4,
                          max_seq_len_override=100)
-    assert engine.max_seq_len == 40 == engine.kv_pool.num_slots
+    assert engine.max_seq_len == 40 == engine.num_pages * engine.page_size
 
 
 def test_max_seq_len_defaults_to_max_position(tiny_qwen3_path):

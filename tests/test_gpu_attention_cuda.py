@@ -137,12 +137,24 @@ def test_no_host_sync_inside_a_step(models_dir, name):
         for _ in range(3):
             torch.cuda.set_sync_debug_mode("error")
             try:
-                with use_stream(scheduler.stream):
-                    batch = scheduler._schedule()
-                    assert batch is not None and batch.is_decode
-                    in_flight = scheduler._launch(batch, scheduler._prepare(batch))
+                in_flight = launch_one_batch(scheduler)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             scheduler._process(in_flight, None)
     finally:
         llm.shutdown()
+
+
+def launch_one_batch(scheduler):
+    """Schedule and launch one decode batch without reading its tokens. Chapter 17's scheduler
+    prepares the batch itself on its own stream; from chapter 18 the engine does, on its
+    preparation stream."""
+    if hasattr(scheduler, "_prepare"):  # chapter 17
+        with use_stream(scheduler.stream):
+            batch = scheduler._schedule()
+            assert batch is not None and batch.is_decode
+            return scheduler._launch(batch, scheduler._prepare(batch))
+    with use_stream(scheduler.engine.prepare_stream):
+        batch = scheduler._schedule()
+        assert batch is not None and batch.is_decode
+        return scheduler._launch(batch)

@@ -115,6 +115,22 @@ def case(tiny_llama_path, tmp_path_factory) -> tuple[Path, dict[int, list[int]],
 
 def slow_streams(monkeypatch, cycles: int) -> None:
     """Make both streams late by `cycles` GPU clock cycles per step."""
+    if not hasattr(Scheduler, "_prepare"):  # chapter 18 on: the engine prepares and launches
+        real_launch = Scheduler._launch
+
+        def slow_launch(scheduler, batch):
+            engine = scheduler.engine
+            # Everything this step's preparation copies to the device lands late...
+            with torch.cuda.stream(engine.prepare_stream):
+                torch.cuda._sleep(cycles)
+            launched = real_launch(scheduler, batch)
+            # ...and the device is still busy when the host moves on.
+            with torch.cuda.stream(engine.stream):
+                torch.cuda._sleep(cycles)
+            return launched
+
+        monkeypatch.setattr(Scheduler, "_launch", slow_launch)
+        return
     real_forward, real_prepare = Engine.forward_batch, Scheduler._prepare
 
     def slow_forward(engine, batch, args):

@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/attention/flashinfer_backend.py
+../../../steps/ch18_cuda_graph/minisgl/attention/flashinfer_backend.py

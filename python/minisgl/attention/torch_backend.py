@@ -1,1 +1,1 @@
-../../../steps/ch05_attention/minisgl/attention/torch_backend.py
+../../../steps/ch18_cuda_graph/minisgl/attention/torch_backend.py

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/engine/__init__.py
+../../../steps/ch18_cuda_graph/minisgl/engine/__init__.py

@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/engine/engine.py
+../../../steps/ch18_cuda_graph/minisgl/engine/engine.py

@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/scheduler/scheduler.py
+../../../steps/ch18_cuda_graph/minisgl/scheduler/scheduler.py

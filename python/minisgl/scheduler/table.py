@@ -1,1 +1,1 @@
-../../../steps/ch11_overlap/minisgl/scheduler/table.py
+../../../steps/ch18_cuda_graph/minisgl/scheduler/table.py

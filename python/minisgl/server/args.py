@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/server/args.py
+../../../steps/ch18_cuda_graph/minisgl/server/args.py

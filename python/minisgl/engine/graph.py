@@ -1,0 +1,1 @@
+../../../steps/ch18_cuda_graph/minisgl/engine/graph.py

@@ -1,0 +1,193 @@
+"""Attention with FlashInfer's paged kernels: the pool is read where it lies, page by page."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minisgl.core import Batch
+from minisgl.kvcache import MHAKVPool
+from minisgl.utils import create_event, pin
+
+from .base import BaseAttentionBackend
+
+# Scratch memory of split-KV decode (partial outputs of a long request's chunks): FlashInfer's
+# recommended size. Allocated once; every plan lays its work out inside it.
+WORKSPACE_BYTES = 128 << 20
+HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
+
+
+@dataclass
+class FlashInferMetadata:
+    last_indices: torch.Tensor  # [batch_size] on the device: each request's last row
+    wrapper: Any  # the wrapper planned for this batch; run() by every layer
+    # Host tensors plan() copies from asynchronously, and device tensors the kernels read:
+    # the batch keeps them alive until its tokens are read.
+    buffers: tuple[torch.Tensor, ...]
+
+
+class FlashInferBackend(BaseAttentionBackend):
+    """Decode with BatchDecodeWithPagedKVCacheWrapper, prefill (with or without a cached
+    prefix) with BatchPrefillWithPagedKVCacheWrapper, both over the pool's pages.
+
+    prepare_metadata plans the batch once: FlashInfer turns the batch's shape (query and page
+    counts per request) into a work schedule on the host and copies it to the device; then
+    every layer's run() launches the kernels with that schedule. Planning is host work done on
+    the scheduler's stream, ahead of the forward.
+
+    With overlap scheduling, batch i+1 is planned while batch i still runs, and a plan
+    overwrites its wrapper's schedule on the device. So there are two sets of wrappers, used in
+    turn: when batch i+1 is planned, batch i-1 (the other set's last user) has been read on the
+    host, hence is finished.
+    """
+
+    prefill_kernels = "fa2"  # FlashInfer's own FlashAttention-2-style kernels
+
+    def __init__(self, pool: MHAKVPool, page_table: torch.Tensor, num_qo_heads: int) -> None:
+        import flashinfer
+
+        self.pool, self.page_table = pool, page_table
+        keys = pool.k_cache(0)  # [num_slots, kv_heads, head_dim]
+        self.num_qo_heads, (self.num_kv_heads, self.head_dim) = num_qo_heads, keys.shape[1:]
+        self.dtype, self.device, self.page_size = keys.dtype, keys.device, pool.page_size
+        self.sm_scale = self.head_dim ** -0.5
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        # Tensor cores pay off in decode once several query heads share a KV head.
+        self.tensor_cores = num_qo_heads // self.num_kv_heads >= 4
+        self.wrapper_sets = [
+            (flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend=self.prefill_kernels),
+             flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.tensor_cores))
+            for _ in range(2)]
+        self.batches_planned = 0
+
+    @classmethod
+    def create(cls, pool: MHAKVPool, page_table: torch.Tensor,
+               num_qo_heads: int) -> BaseAttentionBackend:
+        return cls(pool, page_table, num_qo_heads)
+
+    @classmethod
+    def unsupported_reason(cls, device: torch.device, dtype: torch.dtype,
+                           head_dim: int) -> str | None:
+        if device.type != "cuda":
+            return f"FlashInfer's kernels run on CUDA GPUs, and the device is {device}"
+        if dtype not in (torch.float16, torch.bfloat16):
+            return (f"FlashInfer computes in float16 or bfloat16, and the model runs in {dtype}; "
+                    "use --dtype bfloat16")
+        if head_dim not in HEAD_DIMS:
+            return f"FlashInfer supports head_dim {HEAD_DIMS}, and the model's is {head_dim}"
+        if importlib.util.find_spec("flashinfer") is None:
+            return "the package flashinfer-python is not installed: pip install -e '.[gpu]'"
+        return None
+
+    def _shape(self, rows: list[int], seq_lens: list[int],
+               extend_lens: list[int]) -> tuple[torch.Tensor, ...]:
+        """The batch's shape as plan() wants it — host tensors, pinned so that plan's copies are
+        asynchronous — plus the page indices (gathered on the device, where the page table
+        is) and each request's last query row (on the device)."""
+        size = self.page_size
+        seq = torch.tensor(seq_lens, dtype=torch.int32)
+        num_pages = (seq + size - 1) // size
+        kv_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        kv_indptr[1:] = num_pages.cumsum(0)
+        last_page_len = seq - (num_pages - 1) * size
+        qo_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
+        qo_indptr[1:] = torch.tensor(extend_lens).cumsum(0)
+        # The pages of request r are page_table[row_r, j * page_size] // page_size for
+        # j < num_pages_r: their positions in the flattened table, computed here, gathered
+        # on the device.
+        owner = torch.repeat_interleave(torch.arange(len(rows)), num_pages)
+        page_of_req = torch.arange(len(owner)) - kv_indptr[:-1].long()[owner]
+        flat = torch.tensor(rows)[owner] * self.page_table.shape[1] + page_of_req * size
+        device_part = pin(torch.cat([flat, qo_indptr[1:].long() - 1]), self.device)
+        device_part = device_part.to(self.device, non_blocking=True)
+        indices = self.page_table.view(-1)[device_part[: len(flat)]] // size
+        last_indices = device_part[len(flat):]
+        qo_indptr, kv_indptr, last_page_len, seq = (
+            pin(t, self.device) for t in (qo_indptr, kv_indptr, last_page_len, seq))
+        return qo_indptr, kv_indptr, indices, last_page_len, seq, last_indices, device_part
+
+    def _plan_decode(self, wrapper: Any, kv_indptr: torch.Tensor, indices: torch.Tensor,
+                     last_page_len: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        wrapper.plan(kv_indptr, indices, last_page_len, num_qo_heads=self.num_qo_heads,
+                     num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                     page_size=self.page_size, sm_scale=self.sm_scale, q_data_type=self.dtype,
+                     kv_data_type=self.dtype, non_blocking=True, seq_lens=seq_lens)
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        reqs = batch.reqs
+        qo_indptr, kv_indptr, indices, last_page_len, seq_lens, last_indices, device_part = \
+            self._shape([r.table_idx for r in reqs], [r.device_len for r in reqs],
+                        [r.extend_len for r in reqs])
+        prefill, decode = self.wrapper_sets[self.batches_planned % 2]
+        self.batches_planned += 1
+        if batch.is_decode:
+            self._plan_decode(decode, kv_indptr, indices, last_page_len, seq_lens)
+            wrapper = decode
+        else:
+            # causal: the query rows of a request are its last extend_len positions, so row i
+            # sees keys up to cached_len + i (FlashInfer aligns the mask to the end of the keys).
+            prefill.plan(qo_indptr, kv_indptr, indices, last_page_len,
+                         num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
+                         head_dim_qk=self.head_dim, page_size=self.page_size, causal=True,
+                         sm_scale=self.sm_scale, q_data_type=self.dtype,
+                         kv_data_type=self.dtype, non_blocking=True, seq_lens=seq_lens)
+            wrapper = prefill
+        batch.attn_metadata = FlashInferMetadata(
+            last_indices=last_indices, wrapper=wrapper,
+            buffers=(device_part, indices, qo_indptr, kv_indptr, last_page_len, seq_lens))
+
+    # --- CUDA graphs: FlashInfer's graph decode wrapper reads its shape from static buffers ---
+
+    def init_graph(self, max_batch_size: int, dummy_row: int) -> None:
+        self.dummy_row = dummy_row
+        pages_per_row = self.page_table.shape[1] // self.page_size
+        self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
+        self.graph_indices = torch.zeros(max_batch_size * pages_per_row, dtype=torch.int32,
+                                         device=self.device)
+        self.graph_last_page_len = torch.ones(max_batch_size, dtype=torch.int32,
+                                              device=self.device)
+        self.graph_wrappers: dict[int, Any] = {}
+        # Split-KV scratch of their own: the eager wrappers' work must never share it.
+        self.graph_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        # A plan writes into a pinned host buffer, then copies it to the device without
+        # waiting; the next plan of the same wrapper must not overwrite the buffer before that
+        # copy ran. It ran long ago in practice (before the previous replay), but it is waited
+        # for, not assumed.
+        self.last_plan = create_event(self.device)
+        self.last_plan.record()
+
+    def capture_metadata(self, batch_size: int) -> FlashInferMetadata:
+        import flashinfer
+
+        wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
+            self.graph_last_page_len[:batch_size], "NHD", use_tensor_cores=self.tensor_cores)
+        self.graph_wrappers[batch_size] = wrapper
+        rows, seq_lens = [self.dummy_row] * batch_size, [1] * batch_size
+        _, kv_indptr, indices, last_page_len, seq, _, _ = self._shape(rows, seq_lens, seq_lens)
+        self._plan_decode(wrapper, kv_indptr, indices, last_page_len, seq)  # plan, then capture
+        return FlashInferMetadata(torch.arange(batch_size, device=self.device), wrapper, ())
+
+    def prepare_replay(self, batch: Batch, padded_size: int) -> None:
+        pad = padded_size - batch.size  # padding rows: the dummy row, one key
+        rows = [r.table_idx for r in batch.reqs] + [self.dummy_row] * pad
+        seq_lens = [r.device_len for r in batch.reqs] + [1] * pad
+        _, kv_indptr, indices, last_page_len, seq, _, _ = self._shape(rows, seq_lens, [1] * len(rows))
+        self.last_plan.synchronize()
+        # Copies into the static buffers, on the current stream: after the previous replay.
+        self._plan_decode(self.graph_wrappers[padded_size], kv_indptr, indices, last_page_len,
+                          seq)
+        self.last_plan.record()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: Batch) -> torch.Tensor:
+        meta: FlashInferMetadata = batch.attn_metadata  # type: ignore[assignment]
+        self.pool.store_kv(k, v, batch.out_loc, layer_id)
+        pages = (-1, self.page_size, self.num_kv_heads, self.head_dim)  # NHD, page by page
+        kv = (self.pool.k_cache(layer_id).view(pages), self.pool.v_cache(layer_id).view(pages))
+        return meta.wrapper.run(q, kv)

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import Batch
+from minisgl.kvcache import MHAKVPool
+from minisgl.utils import pin
+
+from .base import BaseAttentionBackend
+
+
+@dataclass
+class TorchAttnMetadata:
+    last_indices: torch.Tensor  # [batch_size]: each request's last row in the flat token dim
+    query_rows: torch.Tensor  # [batch_size * max_extend]: flat row of request b's i-th query
+    output_rows: torch.Tensor  # [num_tokens]: where each real token sits in that padded grid
+    key_slots: torch.Tensor  # [batch_size * max_seq]: pool slot of request b's j-th key
+    mask: torch.Tensor  # [batch_size, 1, max_extend, max_seq]: query i may attend key j
+
+
+@dataclass
+class TorchGraphMetadata:
+    """Decode metadata a graph can capture: shapes fixed by the batch size and the page-table
+    width, contents in static buffers that each replay overwrites."""
+
+    last_indices: torch.Tensor  # arange(batch_size): one query row per request
+    rows: torch.Tensor  # [batch_size] page-table row of each request (static)
+    seq_lens: torch.Tensor  # [batch_size] keys of each request (static)
+
+
+class TorchAttentionBackend(BaseAttentionBackend):
+    """The reference backend, in plain PyTorch over the paged pool.
+
+    Requests of different lengths (ragged) are padded to one [batch, heads, max_extend, max_seq]
+    problem so that one scaled_dot_product_attention call serves the whole batch; the mask
+    hides padding and, for request b, lets query i (at position cached_len_b + i) see keys
+    0 .. cached_len_b + i. The same code serves prefill, prefill on top of a cached prefix, and
+    decode (max_extend = 1).
+    """
+
+    def __init__(self, pool: MHAKVPool, page_table: torch.Tensor) -> None:
+        self.pool, self.page_table = pool, page_table
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        device = self.page_table.device
+        extend = torch.tensor([r.extend_len for r in batch.reqs])
+        cached = torch.tensor([r.cached_len for r in batch.reqs])
+        seq = cached + extend
+        starts = extend.cumsum(0) - extend
+        max_extend, max_seq = int(extend.max()), int(seq.max())
+        i = torch.arange(max_extend)[None, :]  # query index within its request
+        j = torch.arange(max_seq)[None, :]  # key index within its request
+        query_valid = i < extend[:, None]
+        query_rows = torch.where(query_valid, starts[:, None] + i, 0)
+        rows = torch.tensor([r.table_idx for r in batch.reqs], device=device)
+        key_slots = self.page_table[rows, :max_seq].long()
+        visible = (j[:, None, :] <= (cached[:, None] + i)[:, :, None]) & (j < seq[:, None])[:, None]
+        batch.attn_metadata = TorchAttnMetadata(
+            last_indices=(starts + extend - 1).to(device),
+            query_rows=query_rows.flatten().to(device),
+            output_rows=query_valid.flatten().nonzero().squeeze(1).to(device),
+            key_slots=key_slots.flatten(),
+            mask=visible[:, None].to(device),
+        )
+
+    def init_graph(self, max_batch_size: int, dummy_row: int) -> None:
+        device = self.page_table.device
+        self.dummy_row = dummy_row
+        self.graph_rows = torch.full((max_batch_size,), dummy_row, dtype=torch.long, device=device)
+        self.graph_seq_lens = torch.ones(max_batch_size, dtype=torch.long, device=device)
+
+    def capture_metadata(self, batch_size: int) -> TorchGraphMetadata:
+        return TorchGraphMetadata(torch.arange(batch_size, device=self.page_table.device),
+                                  self.graph_rows[:batch_size], self.graph_seq_lens[:batch_size])
+
+    def prepare_replay(self, batch: Batch, padded_size: int) -> None:
+        pad = padded_size - batch.size  # padding rows: the dummy row, one key
+        host = torch.tensor([[r.table_idx for r in batch.reqs] + [self.dummy_row] * pad,
+                             [r.device_len for r in batch.reqs] + [1] * pad])
+        host = pin(host, self.page_table.device).to(self.page_table.device, non_blocking=True)
+        self.graph_rows[:padded_size].copy_(host[0])
+        self.graph_seq_lens[:padded_size].copy_(host[1])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: Batch) -> torch.Tensor:
+        if isinstance(batch.attn_metadata, TorchGraphMetadata):
+            return self._graph_decode(q, k, v, layer_id, batch)
+        meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
+        self.pool.store_kv(k, v, batch.out_loc, layer_id)
+        size, _, max_extend, max_seq = meta.mask.shape
+        # Gather into [batch, heads, rows, head_dim] for SDPA; GQA repeats KV heads inside it.
+        queries = q.index_select(0, meta.query_rows).view(size, max_extend, *q.shape[1:])
+        keys = self.pool.k_cache(layer_id).index_select(0, meta.key_slots)
+        values = self.pool.v_cache(layer_id).index_select(0, meta.key_slots)
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys.view(size, max_seq, *k.shape[1:]).transpose(1, 2),
+            values.view(size, max_seq, *v.shape[1:]).transpose(1, 2), attn_mask=meta.mask,
+            enable_gqa=True)
+        return out.transpose(1, 2).reshape(size * max_extend, *q.shape[1:]).index_select(
+            0, meta.output_rows)
+
+    def _graph_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                      batch: Batch) -> torch.Tensor:
+        """Decode with static shapes: every request attends over the whole width of its
+        page-table row, masked to its length. More work than the padded eager path (the width
+        is max_seq_len), but nothing in it depends on this step's lengths except tensors."""
+        meta: TorchGraphMetadata = batch.attn_metadata  # type: ignore[assignment]
+        self.pool.store_kv(k, v, batch.out_loc, layer_id)
+        size, width = len(meta.rows), self.page_table.shape[1]
+        slots = self.page_table.index_select(0, meta.rows).flatten().long()
+        keys = self.pool.k_cache(layer_id).index_select(0, slots).view(size, width, *k.shape[1:])
+        values = self.pool.v_cache(layer_id).index_select(0, slots).view(size, width, *v.shape[1:])
+        visible = torch.arange(width, device=q.device) < meta.seq_lens[:, None]
+        out = F.scaled_dot_product_attention(
+            q.view(size, 1, *q.shape[1:]).transpose(1, 2), keys.transpose(1, 2),
+            values.transpose(1, 2), attn_mask=visible[:, None, None, :], enable_gqa=True)
+        return out.transpose(1, 2).reshape(size, *q.shape[1:])

@@ -1,0 +1,141 @@
+"""CUDA graphs for decode: capture the forward once per batch size, then replay it with one
+launch instead of a few hundred; on the CPU, an emulation with the same rules.
+
+A captured graph replays the kernels of the capture with the same memory addresses and the same
+shapes. Everything a step changes must therefore be *copied into* tensors that existed at
+capture time (the static buffers); anything else the Python code read while capturing — a
+length, a fresh tensor — is frozen into the graph.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from minisgl.core import Batch, Context, Req, SamplingParams
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+class CudaGraph:
+    """torch.cuda.CUDAGraph: kernels recorded once, replayed with one launch."""
+
+    def __init__(self, step: Callable[[], None], pool: object, stream: torch.cuda.Stream) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            step()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EmulatedGraph:
+    """The CPU's stand-in. Replaying re-runs the captured step on the capture-time objects: the
+    static batch, its metadata, the static buffers. What a real replay would not see — a tensor
+    the runner forgot to copy into a static buffer, a Python value read at capture — this one
+    does not see either, so such a bug gives wrong tokens on the CPU exactly as on a GPU."""
+
+    def __init__(self, step: Callable[[], None], pool: object = None, stream: object = None) -> None:
+        self.step = step
+        step()  # as a capture runs the step once
+
+    def replay(self) -> None:
+        self.step()
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to max_bs (and max_bs itself): a decode batch is padded to
+    the next size, so the padding costs at most 15 rows beyond 8."""
+    sizes = [bs for bs in (1, 2, 4, 8) if bs < max_bs] + list(range(16, max_bs, 16))
+    return sorted(set(sizes) | {max_bs})
+
+
+class GraphBackend(Protocol):
+    """What the runner needs from the attention backend (attention.BaseAttentionBackend)."""
+
+    def capture_metadata(self, batch_size: int) -> object: ...
+
+    def prepare_replay(self, batch: Batch, padded_size: int) -> None: ...
+
+
+class GraphRunner:
+    """The decode forward captured for each of `batch_sizes`. A decode batch of n requests
+    replays the graph of the smallest captured size >= n: rows beyond n are padding that point
+    at a reserved page-table row and KV slot, and their results are ignored.
+
+    Static buffers: the page-table row and position of each token (the input ids, the KV write
+    locations and the logits are computed from them inside the graph), the attention metadata
+    (the backend's own buffers), and the logits. `replay` copies a batch's rows and positions
+    in, asks the backend to fill its metadata, replays, and returns a view of the logits.
+    """
+
+    def __init__(self, model: object, ctx: Context, backend: GraphBackend, page_table: torch.Tensor,
+                 token_pool: torch.Tensor, batch_sizes: list[int], vocab_size: int,
+                 dummy_row: int, emulate: bool, dtype: torch.dtype) -> None:
+        self.model, self.ctx, self.backend = model, ctx, backend
+        self.page_table, self.token_pool = page_table, token_pool
+        self.batch_sizes, self.dummy_row = batch_sizes, dummy_row
+        device = page_table.device
+        max_bs = max(batch_sizes)
+        self.rows = torch.full((max_bs,), dummy_row, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_bs, dtype=torch.long, device=device)
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=device)
+        self.graphs: dict[int, Graph] = {}
+        make: Callable[..., Graph] = EmulatedGraph if emulate else CudaGraph
+        pool = None if emulate else torch.cuda.graph_pool_handle()  # shared by all sizes
+        stream = None if emulate else torch.cuda.Stream(device)
+        # Largest first: its memory is reused by the smaller graphs from the shared pool.
+        for i, bs in enumerate(sorted(batch_sizes, reverse=True)):
+            print(f"\rcapturing decode graphs: batch {bs:>4} ({i + 1}/{len(batch_sizes)})",
+                  end="", file=sys.stderr, flush=True)
+            batch = self._static_batch(bs)
+            if not emulate:
+                # The side stream starts after what the current one holds (the backend's
+                # capture-time plan copies its metadata into the static buffers there).
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):  # warm-up: lazy initialisation stays out
+                    self._step(batch)
+                torch.cuda.current_stream(device).wait_stream(stream)
+            self.graphs[bs] = make(lambda batch=batch: self._step(batch), pool, stream)
+        print(file=sys.stderr)
+
+    def _static_batch(self, bs: int) -> Batch:
+        reqs = [Req(torch.zeros(1, dtype=torch.int32), table_idx=self.dummy_row, cached_len=0,
+                    output_len=1, uid=-1, sampling_params=SamplingParams()) for _ in range(bs)]
+        batch = Batch(reqs, "decode")
+        batch.positions = self.positions[:bs]
+        batch.attn_metadata = self.backend.capture_metadata(bs)  # type: ignore[assignment]
+        return batch
+
+    def _step(self, batch: Batch) -> None:
+        """One decode forward that reads only static tensors: the graph's body."""
+        rows, positions = self.rows[: batch.size], batch.positions
+        batch.input_ids = self.token_pool[rows, positions].long()
+        batch.out_loc = self.page_table[rows, positions].long()
+        with self.ctx.forward_batch(batch):
+            logits = self.model.forward()  # type: ignore[attr-defined]
+        self.logits[: batch.size].copy_(logits)
+
+    def padded_size(self, batch: Batch) -> int | None:
+        """The captured size this batch replays at, or None: run it eagerly."""
+        if not batch.is_decode:
+            return None
+        return next((bs for bs in self.batch_sizes if bs >= batch.size), None)
+
+    def replay(self, batch: Batch, rows: torch.Tensor, positions: torch.Tensor,
+               padded: int) -> torch.Tensor:
+        """Copy the batch into the static buffers, replay, return its rows of logits. Runs on
+        the stream the forward runs on, after the previous replay: the buffers are free."""
+        n = batch.size
+        self.rows[:n].copy_(rows)
+        self.rows[n:padded].fill_(self.dummy_row)
+        self.positions[:n].copy_(positions)
+        self.positions[n:padded].zero_()
+        self.backend.prepare_replay(batch, padded)
+        self.graphs[padded].replay()
+        return self.logits[:n]

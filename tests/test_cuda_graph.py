@@ -1,0 +1,174 @@
+"""CUDA graphs on the CPU through EmulatedGraph: graph replay gives the tokens of eager decode
+(torch backend, and FlashInfer through the fake package), with and without overlap, with padding
+and at TP=2; a runner that forgets to refill a static buffer is caught; and the capture sizes,
+the reserved row and page, and the configuration checks."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import fake_flashinfer
+from conftest import SMOLLM2, TINY_QWEN3
+from minisgl.attention import FlashAttentionBackend, FlashInferBackend
+from minisgl.core import SamplingParams
+from minisgl.engine import EngineConfig
+from minisgl.engine.graph import GraphRunner, capture_batch_sizes
+from minisgl.llm import LLM
+
+CHAPTER = 18  # tools/steps.py check runs this module on chapter 18's own tree
+
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
+           "The sun rises in the", "The capital of France is a city that"]
+
+
+def generate(path, n_prompts: int = 4, max_tokens: int = 12, **options) -> list[list[int]]:
+    llm = LLM(str(path), max_running_req=4, num_page_override=512, max_seq_len_override=96,
+              **options)
+    try:
+        outs = llm.generate(PROMPTS[:n_prompts],
+                            SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    return [o["token_ids"] for o in outs]
+
+
+def test_capture_sizes():
+    assert capture_batch_sizes(1) == [1]
+    assert capture_batch_sizes(4) == [1, 2, 4]
+    assert capture_batch_sizes(6) == [1, 2, 4, 6]
+    assert capture_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert capture_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+@pytest.mark.parametrize("model", [TINY_QWEN3, SMOLLM2])
+def test_replay_gives_the_eager_tokens(models_dir, hf_model, hf_tokenizer, hf_greedy, model,
+                                        overlap):
+    """Five prompts on four rows: decode batches of 4, then of 1 (padded to 1, 2 or 4 as they
+    come), prefix hits, page size 4; every token equals transformers' greedy."""
+    path = models_dir / model
+    tokenizer = hf_tokenizer(model)
+    expected = [hf_greedy(hf_model(model), tokenizer(p).input_ids, 10) for p in PROMPTS]
+    got = generate(path, n_prompts=5, max_tokens=10, cuda_graph="emulate", overlap=overlap,
+                   page_size=4)
+    assert got == expected
+
+
+def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
+    replays: list[tuple[int, int]] = []
+    original = GraphRunner.replay
+
+    def counting(self, batch, rows, positions, padded):
+        replays.append((batch.size, padded))
+        return original(self, batch, rows, positions, padded)
+
+    monkeypatch.setattr(GraphRunner, "replay", counting)
+    generate(models_dir / TINY_QWEN3, n_prompts=3, max_tokens=5, cuda_graph="emulate",
+             overlap=False)
+    # One prefill of 3 prompts, then 4 decode steps of 3 requests, each padded to 4.
+    assert replays == [(3, 4)] * 4
+
+
+def forgetful_replay(skip: str):
+    """GraphRunner.replay with one of its copies left out."""
+    def replay(self, batch, rows, positions, padded):
+        n = batch.size
+        if skip != "rows":
+            self.rows[:n].copy_(rows)
+        if skip != "positions":
+            self.positions[:n].copy_(positions)
+        if skip != "metadata":
+            self.backend.prepare_replay(batch, padded)
+        self.graphs[padded].replay()
+        return self.logits[:n]
+    return replay
+
+
+@pytest.mark.parametrize("skip", ["positions", "rows", "metadata"])
+def test_the_emulator_catches_a_forgotten_copy(models_dir, monkeypatch, skip):
+    """Planted bug: the runner does not refill one static buffer before replaying. The graph
+    then computes with what the buffer held at capture (or at the previous step), and the
+    tokens go wrong — here on the CPU, as they would on a GPU."""
+    path = models_dir / TINY_QWEN3
+    eager = generate(path, cuda_graph="off", overlap=False)
+    monkeypatch.setattr(GraphRunner, "replay", forgetful_replay(skip))
+    assert generate(path, cuda_graph="emulate", overlap=False) != eager
+    monkeypatch.undo()
+    assert generate(path, cuda_graph="emulate", overlap=False) == eager  # the runner as is
+
+
+@pytest.fixture
+def fake_fi(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    for cls in (FlashInferBackend, FlashAttentionBackend):
+        monkeypatch.setattr(cls, "unsupported_reason", classmethod(lambda cls, *args: None))
+    return fake_flashinfer
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", ["flashinfer", "fa"])
+def test_flashinfer_graph_decode_gives_the_eager_tokens(fake_fi, models_dir, name, page_size):
+    """FlashInfer's CUDA-graph decode wrapper (faked: it reads its shape from the static
+    buffers at run time, as replayed kernels do)."""
+    path = models_dir / TINY_QWEN3
+    eager = generate(path, cuda_graph="off", attention_backend=name, page_size=page_size)
+    assert generate(path, cuda_graph="emulate", attention_backend=name,
+                    page_size=page_size) == eager
+
+
+def test_tp2_with_graphs_equals_tp1(models_dir):
+    path = models_dir / TINY_QWEN3
+    assert generate(path, cuda_graph="emulate", tp_size=2) == generate(path, cuda_graph="off")
+
+
+def test_reserved_row_and_page_are_never_handed_out(models_dir):
+    llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=4, num_page_override=64,
+              max_seq_len_override=64, page_size=4, cuda_graph="emulate")
+    try:
+        scheduler = llm.backend.scheduler  # type: ignore[union-attr]
+        engine = scheduler.engine
+        assert engine.page_table.shape[0] == 5 and engine.dummy_row == 4
+        assert sorted(scheduler.table.free_rows) == [0, 1, 2, 3]
+        assert sorted(scheduler.cache.free_pages) == list(range(64))
+        assert engine.kv_pool.num_pages == 65
+        assert bool((engine.page_table[4] == 64 * 4).all())  # the spare page's first slot
+        assert engine.max_seq_len == 64
+    finally:
+        llm.shutdown()
+
+
+def test_configuration_is_checked():
+    with pytest.raises(ValueError, match="cuda_graph must be auto, off or emulate"):
+        EngineConfig("m", cuda_graph="on")
+    with pytest.raises(ValueError, match="cuda_graph_max_bs must be >= 1"):
+        EngineConfig("m", cuda_graph_max_bs=0)
+
+
+def test_no_graphs_on_the_cpu_unless_emulated(models_dir):
+    llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=2, num_page_override=64,
+              max_seq_len_override=64)
+    try:
+        assert llm.backend.scheduler.engine.graphs is None  # type: ignore[union-attr]
+    finally:
+        llm.shutdown()
+
+
+# --- the chapter's example ---
+
+import re  # noqa: E402
+
+from processes import run_example  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")
+def test_example_replays_and_matches_eager(hf_model, hf_tokenizer, hf_greedy):
+    out = run_example("ch18_cuda_graph.py")
+    assert re.search(r"^cuda_graph=emulate：捕获了 batch \[1, 2, 3\]，用时 [\d.]+ 秒$", out, re.M)
+    assert re.search(r"^图回放与 eager 相同： True$", out, re.M)
+    tokenizer = hf_tokenizer(SMOLLM2)
+    expected = tokenizer.decode(hf_greedy(hf_model(SMOLLM2),
+                                          tokenizer("The capital of France is").input_ids, 12))
+    assert f"  emulate → {expected!r}" in out
