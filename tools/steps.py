@@ -549,8 +549,21 @@ def _cpu_model() -> str:
 
 def machine_line() -> str:
     return (f"# 运行于 {date.today():%Y-%m-%d} · {_cpu_model()} · {os.cpu_count()} 个逻辑核 · "
-            f"Python {platform.python_version()} · torch {_version('torch')} · "
+            f"Python {platform.python_version()} · {_torch_and_gpu()} · "
             f"transformers {_version('transformers')}")
+
+
+def _torch_and_gpu() -> str:
+    """torch's own version string (it names the CUDA build), and on a GPU the GPU and the
+    FlashInfer release the GPU chapters run with."""
+    try:
+        import torch
+    except ImportError:
+        return "torch 未安装"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__}"
+    return (f"torch {torch.__version__} · GPU {torch.cuda.get_device_name()} · "
+            f"flashinfer-python {_version('flashinfer-python')}")
 
 
 def record(root: Path, o: Outcome) -> Path:

@@ -11,6 +11,7 @@ import torch
 from minisgl.core import Batch
 from minisgl.kvcache import MHAKVPool
 from minisgl.utils import create_event, pin
+from minisgl.utils.ragged import ragged_arange
 
 from .base import BaseAttentionBackend
 
@@ -99,9 +100,8 @@ class FlashInferBackend(BaseAttentionBackend):
         qo_indptr[1:] = torch.tensor(extend_lens).cumsum(0)
         # The pages of request r are page_table[row_r, j * page_size] // page_size for
         # j < num_pages_r: their positions in the flattened table, computed here, gathered
-        # on the device.
-        owner = torch.repeat_interleave(torch.arange(len(rows)), num_pages)
-        page_of_req = torch.arange(len(owner)) - kv_indptr[:-1].long()[owner]
+        # on the device (the table lives there).
+        owner, page_of_req = ragged_arange(torch.zeros_like(num_pages), num_pages)
         flat = torch.tensor(rows)[owner] * self.page_table.shape[1] + page_of_req * size
         device_part = pin(torch.cat([flat, qo_indptr[1:].long() - 1]), self.device)
         device_part = device_part.to(self.device, non_blocking=True)

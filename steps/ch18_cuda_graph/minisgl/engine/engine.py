@@ -14,6 +14,7 @@ from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig, load_model
 from minisgl.utils import (Event, configure_cpu_threads, create_event, create_stream, pick_device,
                            pin, use_stream)
+from minisgl.utils.ragged import ragged_arange
 
 from .config import EngineConfig
 from .graph import GraphRunner, capture_batch_sizes
@@ -206,13 +207,11 @@ class Engine:
         reqs = batch.reqs
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):
-            # Token t belongs to request r: its row, and position cached_len_r + i. A few
-            # whole-batch ops and one pinned copy, whatever the batch size.
-            extend = torch.tensor([r.extend_len for r in reqs])
-            owner = torch.repeat_interleave(torch.arange(len(reqs)), extend)
-            shift = (extend.cumsum(0) - extend) - torch.tensor([r.cached_len for r in reqs])
-            where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner],
-                                 torch.arange(len(owner)) - shift[owner]])
+            # Token t belongs to request r: its row, and positions cached_len_r + i; copied
+            # in one pinned transfer.
+            owner, positions = ragged_arange(torch.tensor([r.cached_len for r in reqs]),
+                                             torch.tensor([r.extend_len for r in reqs]))
+            where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner], positions])
             rows, batch.positions = pin(where, self.device).to(self.device, non_blocking=True)
             if padded is None:
                 batch.out_loc = self.page_table[rows, batch.positions].long()

@@ -29,6 +29,11 @@ class CudaGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool, stream=stream):
             step()
+        # The graph holds raw addresses, not tensors: whatever the captured step read must
+        # outlive it. The step's closure holds the static batch and its attention metadata
+        # (each request's last row, for one); dropped, their memory would go to other tensors
+        # and the replay would read whatever those hold.
+        self.step = step
 
     def replay(self) -> None:
         self.graph.replay()

@@ -1,0 +1,45 @@
+"""Shared by the GPU test modules (chapters 17 on): the GPU attention backends this GPU runs,
+and the check that two greedy bfloat16 runs agree up to near ties."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
+           "The capital of France is a city that"]
+
+# bfloat16 logits of SmolLM2 are off by about 0.1 from float32; a real bug diverges where one
+# token leads by far more.
+NEAR_TIE = 0.5
+
+
+def backends() -> list[str]:
+    """The GPU attention backends: FA3's prefill kernels need a Hopper GPU."""
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    return ["flashinfer", "fa"] if hopper else ["flashinfer"]
+
+
+def assert_same_up_to_near_ties(path: Path, prompts: list[str], expected: list[list[int]],
+                                got: list[list[int]], label: str) -> None:
+    """Greedy tokens equal, except where the two candidates are a near tie: the first
+    divergence of each prompt must be at a position where transformers in float32 scores the
+    two tokens within NEAR_TIE of each other."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    hf = None
+    for prompt, want, have in zip(prompts, expected, got):
+        assert len(want) == len(have), (label, prompt)
+        first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), None)
+        if first is None:
+            continue
+        if hf is None:
+            hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()
+        ids = tokenizer(prompt).input_ids + want[:first]
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids], device="cuda")).logits[0, -1]
+        gap = abs(float(logits[want[first]] - logits[have[first]]))
+        print(f"\n{label} {prompt!r}: diverges at token {first + 1}, float32 logit gap {gap:.3f}")
+        assert gap < NEAR_TIE, (label, prompt, first, gap)
