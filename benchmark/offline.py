@@ -35,10 +35,13 @@ from minisgl.llm import LLM
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def columns(text: str) -> int:
+    """Terminal columns of text: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def pad(text: str, width: int) -> str:
-    """Left-align for a terminal, where a CJK character takes two columns."""
-    columns = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-    return text + " " * max(0, width - columns)
+    return text + " " * max(0, width - columns(text))
 
 
 def workload(num_requests: int, seed: int, vocab: int) -> tuple[list[list[int]], list[int]]:
@@ -112,8 +115,8 @@ def main() -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="default: bfloat16 on cuda, float32 on the CPU")
     parser.add_argument("--ablate", nargs="*", default=None,
-                        choices=["overlap", "radix", "cuda-graph"],
-                        help="features to turn off one at a time, each a row of its own "
+                        help="features to turn off, each a row of its own: overlap, radix, "
+                             "cuda-graph, or several joined by + (overlap+cuda-graph) "
                              "(default: overlap and radix on the CPU workload, none on official)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
@@ -148,11 +151,16 @@ def main() -> int:
                 ours(attention_backend=name)) for name in attns]
     ablate = args.ablate if args.ablate is not None else (
         ["overlap", "radix"] if workload_name == "cpu" else [])
-    ablations = {"overlap": ("我们：关掉重叠调度", dict(overlap=False)),
-                 "radix": ("我们：关掉 radix cache", dict(cache_type="naive")),
-                 "cuda-graph": ("我们：关掉 CUDA Graph", dict(cuda_graph="off"))}
-    for feature in ablate:  # with the first backend of --attn
-        name, option = ablations[feature]
+    ablations = {"overlap": ("重叠调度", dict(overlap=False)),
+                 "radix": ("radix cache", dict(cache_type="naive")),
+                 "cuda-graph": ("CUDA Graph", dict(cuda_graph="off"))}
+    for combination in ablate:  # with the first backend of --attn
+        features = combination.split("+")
+        if unknown := [f for f in features if f not in ablations]:
+            parser.error(f"--ablate: unknown feature {unknown[0]!r}; choose from {list(ablations)}")
+        off = "、".join(ablations[f][0] for f in features)
+        name = "我们：关掉" + ("" if off[0] > "\u2e80" else " ") + off  # a space before Latin
+        option = {k: v for f in features for k, v in ablations[f][1].items()}
         configs.append((name, ours(attention_backend=attns[0], **option)))
     if not args.skip_transformers:
         configs.append(("transformers 批量 generate", lambda: run_transformers(
@@ -165,11 +173,12 @@ def main() -> int:
             measured.append(run())
             print(f"  ……{name}：{measured[-1]:.1f}s", file=sys.stderr, flush=True)
     rows = [(name, min(measured)) for (name, _), measured in zip(configs, times)]
+    width = max(28, *(columns(name) + 2 for name, _ in rows))
     baseline = rows[-1][1]  # transformers, or with --skip-transformers the last of ours
-    print(f"  {pad('', 28)}{pad('用时', 10)}{pad('输出 token/s', 14)}"
+    print(f"  {pad('', width)}{pad('用时', 10)}{pad('输出 token/s', 14)}"
           f"相对{rows[-1][0].removeprefix('我们：')}")
     for name, seconds in rows:
-        print(f"  {pad(name, 28)}{pad(f'{seconds:.1f}s', 10)}{pad(f'{total_out / seconds:,.1f}', 14)}"
+        print(f"  {pad(name, width)}{pad(f'{seconds:.1f}s', 10)}{pad(f'{total_out / seconds:,.1f}', 14)}"
               f"{baseline / seconds:.2f}x")
     return 0
 
