@@ -14,6 +14,8 @@
 
     python benchmark/offline.py                # CPU
     python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random
+    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --tp 1 2 \
+        --skip-transformers
 """
 
 from __future__ import annotations
@@ -118,6 +120,9 @@ def main() -> int:
                         help="features to turn off, each a row of its own: overlap, radix, "
                              "cuda-graph, or several joined by + (overlap+cuda-graph) "
                              "(default: overlap and radix on the CPU workload, none on official)")
+    parser.add_argument("--tp", type=int, nargs="+", default=[1],
+                        help="tensor-parallel sizes of our engine, each a row of its own "
+                             "(transformers stays on one device)")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
@@ -147,8 +152,12 @@ def main() -> int:
     def ours(**extra):
         return lambda: run_ours(args.model, prompts, output_lens, dtype, **{**options, **extra})
 
-    configs = [(f"我们：--attn {name}" if len(attns) > 1 else "我们：LLM.generate",
-                ours(attention_backend=name)) for name in attns]
+    def label(attn: str, tp: int) -> str:  # name what varies between the rows
+        varies = [f"--attn {attn}"] * (len(attns) > 1) + [f"TP={tp}"] * (len(args.tp) > 1)
+        return "我们：" + (" ".join(varies) or "LLM.generate")
+
+    configs = [(label(name, tp), ours(attention_backend=name, tp_size=tp))
+               for name in attns for tp in args.tp]
     ablate = args.ablate if args.ablate is not None else (
         ["overlap", "radix"] if workload_name == "cpu" else [])
     ablations = {"overlap": ("重叠调度", dict(overlap=False)),
@@ -161,7 +170,7 @@ def main() -> int:
         off = "、".join(ablations[f][0] for f in features)
         name = "我们：关掉" + ("" if off[0] > "\u2e80" else " ") + off  # a space before Latin
         option = {k: v for f in features for k, v in ablations[f][1].items()}
-        configs.append((name, ours(attention_backend=attns[0], **option)))
+        configs.append((name, ours(attention_backend=attns[0], tp_size=args.tp[0], **option)))
     if not args.skip_transformers:
         configs.append(("transformers 批量 generate", lambda: run_transformers(
             args.model, prompts, output_lens, 2, args.device, dtype)))

@@ -19,6 +19,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from offline import release_memory
 
 
 def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
@@ -28,6 +29,22 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                         progress=False)
     return time.perf_counter() - start, [o["token_ids"] for o in outs]
+
+
+def agreement(outs: list[list[int]], reference: list[list[int]]) -> str:
+    """Either True, or False and how far the greedy outputs follow the reference. A request's
+    tokens after its first divergence continue a different text, so they are not counted."""
+    # Same lengths by construction (ignore_eos), so each first divergence is an index of both.
+    firsts = [next((i for i, (x, y) in enumerate(zip(o, r)) if x != y), len(r))
+              for o, r in zip(outs, reference)]
+    diverging = [k for k, (first, r) in enumerate(zip(firsts, reference)) if first < len(r)]
+    if not diverging:
+        return "True"
+    k = diverging[0]
+    return (f"False: {sum(firsts):,} of {sum(map(len, reference)):,} tokens agree up to each "
+            f"request's first divergence; {len(diverging)} of {len(reference)} requests diverge, "
+            f"the first is request {k} at output token {firsts[k]}: {outs[k][firsts[k]]} here, "
+            f"{reference[k][firsts[k]]} in the reference")
 
 
 def main() -> None:
@@ -81,9 +98,12 @@ def main() -> None:
                     else:
                         print(f"TP={tp} --cuda-graph {graph} batch {batch}: greedy outputs "
                               f"identical to TP=1 --cuda-graph {a.cuda_graph[0]}: "
-                              f"{outs == reference[batch]}")
+                              f"{agreement(outs, reference[batch])}")
             finally:
                 llm.shutdown()
+                # The next LLM sizes its KV pool from the free memory: this one's must be gone.
+                del llm
+                release_memory()
     print(f"{'TP':>3} {'graph':>6} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
     for tp, graph, batch, rate, ms in rows:
         print(f"{tp:>3} {graph:>6} {batch:>6} {rate:>13.1f} {ms:>8.2f}")

@@ -43,3 +43,16 @@ def assert_same_up_to_near_ties(path: Path, prompts: list[str], expected: list[l
         gap = abs(float(logits[want[first]] - logits[have[first]]))
         print(f"\n{label} {prompt!r}: diverges at token {first + 1}, float32 logit gap {gap:.3f}")
         assert gap < NEAR_TIE, (label, prompt, first, gap)
+
+
+def gpu_model(models_dir: Path) -> Path:
+    """A checkpoint FlashInfer runs (head_dim 64 or 128) for tests that need no transformers
+    reference: SmolLM2 where its weights are, else the random Qwen3-0.6B-shaped model
+    (`tools/models.py --only qwen3-0.6b-random`, built in seconds on a GPU machine)."""
+    import pytest
+
+    for name in ("SmolLM2-135M-Instruct", "qwen3-0.6b-random"):
+        path = models_dir / name
+        if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+            return path
+    pytest.skip("neither SmolLM2's weights nor models/qwen3-0.6b-random are on this machine")

@@ -5,7 +5,9 @@ the reserved row and page, and the configuration checks."""
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ import fake_flashinfer
 from conftest import SMOLLM2, TINY_QWEN3
 from minisgl.attention import FlashAttentionBackend, FlashInferBackend
 from minisgl.core import SamplingParams
-from minisgl.engine import EngineConfig
+from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import GraphRunner, capture_batch_sizes
 from minisgl.llm import LLM
 
@@ -122,6 +124,22 @@ def test_flashinfer_graph_decode_gives_the_eager_tokens(fake_fi, models_dir, nam
 def test_tp2_with_graphs_equals_tp1(models_dir):
     path = models_dir / TINY_QWEN3
     assert generate(path, cuda_graph="emulate", tp_size=2) == generate(path, cuda_graph="off")
+
+
+def test_closing_the_engine_frees_its_graphs_without_the_garbage_collector(models_dir):
+    """Each graph holds its captured step, and the step holds the runner: a cycle. Left to the
+    garbage collector, it would keep the graphs' memory pool and, through the model and the
+    backend, the KV pool alive after close() — on a GPU the next engine then finds no memory."""
+    engine = Engine(EngineConfig(str(models_dir / TINY_QWEN3), cuda_graph="emulate",
+                                 max_running_req=2, num_page_override=64,
+                                 max_seq_len_override=64))
+    runner = weakref.ref(engine.graphs)
+    gc.disable()
+    try:
+        engine.close()
+        assert runner() is None
+    finally:
+        gc.enable()
 
 
 def test_reserved_row_and_page_are_never_handed_out(models_dir):

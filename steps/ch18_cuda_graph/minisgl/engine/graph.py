@@ -126,6 +126,12 @@ class GraphRunner:
             logits = self.model.forward()  # type: ignore[attr-defined]
         self.logits[: batch.size].copy_(logits)
 
+    def close(self) -> None:
+        """Drop the graphs now. Each holds its captured step, which holds this runner: a cycle
+        that only the garbage collector would break, keeping the graphs' memory pool and,
+        through the model and the attention backend, the KV pool alive until it runs."""
+        self.graphs.clear()
+
     def padded_size(self, batch: Batch) -> int | None:
         """The captured size this batch replays at, or None: run it eagerly."""
         if not batch.is_decode:
