@@ -417,7 +417,9 @@ def _engine_worker(rank: int, size: int, address: str, out: str) -> None:
                           max_seq_len_override=128)
     engine = Engine(config)
     try:
-        torch.save({"num_pages": engine.num_pages, "k_cache": tuple(engine.kv_pool.k_cache(0).shape),
+        torch.save({"num_pages": engine.num_pages, "pool_pages": engine.kv_pool.num_pages,
+                    "spare": int(hasattr(engine, "dummy_row")),  # chapter 18: graph padding's page
+                    "k_cache": tuple(engine.kv_pool.k_cache(0).shape),
                     "page_bytes": engine.kv_pool.bytes_per_page, "threads": engine.num_threads},
                    Path(out) / f"rank{rank}.pt")
     finally:
@@ -493,8 +495,9 @@ def test_each_rank_caches_only_its_kv_heads(engines2):
 def test_ranks_agree_on_the_smaller_kv_pool(engines2):
     # On the CPU the ranks share one machine's memory: each takes budget / size of it. Rank 1
     # offers 2 MiB: 1 MiB each, at 2,048 bytes a page (above) that is 512 pages; rank 0's 3 MiB
-    # would give 768.
-    assert [r["num_pages"] for r in engines2] == [512, 512]
+    # would give 768. From chapter 18 one of them is the spare page of graph padding.
+    assert [r["pool_pages"] for r in engines2] == [512, 512]
+    assert [r["num_pages"] + r["spare"] for r in engines2] == [512, 512]
 
 
 def test_engine_rank_threads_are_cores_divided_by_tp(engines2):
