@@ -1,0 +1,694 @@
+"""在线服务基准：启动 `python -m minisgl`，按泊松到达回放请求，测每个请求速率下的吞吐与延迟。
+
+脚本自己把服务器作为子进程启动（--model、--port、--device、--cache-type 等传给它，其余选项用
+--server-args），等它打印 "minisgl: ready"，先发两个预热请求，再对 --rates 里的每个速率回放同一份
+负载：请求的到达间隔服从指数分布（泊松过程，固定种子；inf 表示所有请求同时发出）。客户端是
+openai 包的 AsyncOpenAI，流式请求，每收到一个 token 块记一次时间，于是每个请求都有：
+  TTFT  首 token 时间：从发出请求到收到第一块非空文本；
+  ITL   token 间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数；服务器每个
+        token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
+  E2E   端到端延迟：从发出请求到流结束。
+每个速率报告请求吞吐（完成的请求数 / 用时）、输出 token/s，以及三种延迟的 p50 / p90 / p99，打成
+一张表；--json PATH 另存 JSON（含每个请求的记录）。结束时（包括 Ctrl-C 和出错）停掉服务器及其
+全部子进程。
+
+两种负载：
+- random（默认）：随机文本走 /v1/completions。提示词由"一个词正好是一个 token"的英文词拼成，
+  提示词长度在 [input-len × range-ratio, input-len]、输出长度在 [output-len × range-ratio,
+  output-len] 里均匀抽取（固定种子）；请求带 ignore_eos，输出长度是准确的。
+- shared-prefix：多轮对话走 /v1/chat/completions。--num-users 位用户共用一段系统提示词，每人
+  --turns 轮；每个请求 = 系统提示词 + 这位用户之前的各轮（历史里的回答是固定的随机文本，
+  radix 与 naive 两次运行看到完全相同的提示词）+ 新的一问。请求按轮次排队：先是各用户的第 1 轮，
+  再是第 2 轮……；一位用户的下一轮既要等到它的到达时间，也要等上一轮的回答结束，像真人聊天那样，
+  所以这里的速率只是上限：用户少、回答慢时，实际请求速率由"答完一轮才问下一轮"决定。
+  --compare-cache 在同一次运行里先后启动两次服务器（--cache-type radix 与 naive），并排报告，
+  看 radix cache 复用共享前缀省下多少首 token 时间。
+
+所有速率的请求长度相同；但每个速率换一批文本内容（种子派生），免得后一个速率命中前一个速率留在
+radix cache 里的前缀。到达时间对每个速率用同一个种子，于是各速率的到达模式只差一个比例因子。
+
+CPU 上的默认值很小（SmolLM2-135M，float32，2 核机器上几分钟跑完）：random 16 个请求，提示词
+64–128、输出 16–32 个 token，速率 1 4 inf；shared-prefix 4 位用户 × 3 轮，系统提示词 256 个词。
+--device cuda 时默认值按 GPU 放大：random 400 个请求，提示词 512–1024、输出 128–256，速率 8 16 32
+inf；shared-prefix 64 位用户 × 4 轮，系统提示词 2048 个词、每轮提问 128 个词、回答 256 个 token。
+每一项都可以在命令行上改。
+
+CPU 上服务器的 PyTorch 线程数默认由引擎决定（每个物理核一个）；--server-threads N 改成 N 个。
+机器空闲时这样最快：在 2 核虚拟机上，速率 inf，2 个线程 83.4、90.8、81.7 输出 token/s，1 个线程
+50.9、45.8。但机器上另有任务在跑时，PyTorch 每个并行区域都要等齐所有线程，只要一个线程被挤下核，
+其余的就干等：同一台机器跑着别的测试时，2 个线程只有 7.8、10.5 输出 token/s，1 个线程 34.5、49.6。
+所以在共享的机器上，先用 --server-threads 试一下比核数少的线程数，再相信测出来的数字。
+
+    python benchmark/online.py                                   # CPU，random 负载
+    python benchmark/online.py --rates 1 inf --num-requests 8
+    python benchmark/online.py --workload shared-prefix --compare-cache
+    python benchmark/online.py --device cuda --model models/qwen3-0.6b-random --json online.json
+    python benchmark/online.py --url http://127.0.0.1:30000 --model PATH   # 测一个已经在跑的服务器
+
+注意：客户端和服务器跑在同一台机器上，在 2 核的 CPU 机器上它们互相抢核，绝对数字只说明趋势；
+GPU 上吞吐极高时，单个 Python 客户端逐块解析 SSE 本身也可能成为瓶颈（看客户端进程的 CPU 占用）。
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import os
+import random
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CPU_DEFAULTS = dict(num_requests=16, input_len=128, output_len=32, rates=[1.0, 4.0, math.inf],
+                    num_users=4, turns=3, system_len=256, turn_len=32)
+GPU_DEFAULTS = dict(num_requests=400, input_len=1024, output_len=256,
+                    rates=[8.0, 16.0, 32.0, math.inf],
+                    num_users=64, turns=4, system_len=2048, turn_len=128)
+PERCENTILES = (50, 90, 99)
+
+
+def columns(text: str) -> int:
+    """Terminal columns of text: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - columns(text))
+
+
+# ----------------------------------------------------------------------------------------------
+# Workloads (pure: no server, no network)
+
+
+@dataclass
+class Request:
+    prompt: str | list[dict[str, str]]  # text for /v1/completions, messages for chat
+    output_len: int
+    after: int | None = None  # the request (previous turn) that must finish before this is sent
+
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each of n requests arrives: a Poisson process, i.e.
+    exponential gaps with mean 1/rate; the first arrives at 0. inf: all at once. The same seed
+    gives the same pattern at every rate, only scaled by 1/rate."""
+    if math.isinf(rate):
+        return [0.0] * n
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    for _ in range(n):
+        times.append(now)
+        now += rng.expovariate(rate)
+    return times
+
+
+def single_token_words(tokenizer) -> list[str]:
+    """Lower-case words (with their leading space) that the tokenizer encodes as exactly one
+    token, so that a prompt of n of them is n tokens: random text of a known length."""
+    pattern = re.compile(r"^ [a-z]{2,12}$")
+    candidates = [(i, text) for i in range(len(tokenizer))
+                  if pattern.match(text := tokenizer.decode([i]))]
+    encoded = tokenizer([text for _, text in candidates], add_special_tokens=False).input_ids
+    words = [text for (i, text), ids in zip(candidates, encoded) if ids == [i]]
+    if len(words) < 100:
+        raise ValueError("this tokenizer has too few single-token words for random prompts")
+    return words
+
+
+def random_text(rng: random.Random, words: list[str], n: int) -> str:
+    # The leading space stays: without it the first word would be another token (or two).
+    return "".join(rng.choice(words) for _ in range(n))
+
+
+def draw_lengths(rng: random.Random, n: int, length: int, range_ratio: float) -> list[int]:
+    low = max(1, math.ceil(length * range_ratio))
+    return [rng.randint(low, length) for _ in range(n)]
+
+
+def random_workload(words: list[str], num_requests: int, input_len: int, output_len: int,
+                    range_ratio: float, seed: int, round_: int = 0) -> list[Request]:
+    """Plain-text prompts. The lengths depend on `seed` only; the text on `round_` too, so
+    every rate measures the same lengths without hitting prefixes cached by the rate before."""
+    lengths = random.Random(seed)
+    input_lens = draw_lengths(lengths, num_requests, input_len, range_ratio)
+    output_lens = draw_lengths(lengths, num_requests, output_len, range_ratio)
+    text = random.Random(f"{seed}:{round_}")
+    return [Request(random_text(text, words, n), m) for n, m in zip(input_lens, output_lens)]
+
+
+def shared_prefix_workload(words: list[str], num_users: int, turns: int, system_len: int,
+                           turn_len: int, output_len: int, seed: int, round_: int = 0
+                           ) -> list[Request]:
+    """Multi-turn chats sharing one system prompt, turn-major (every user's turn 1, then every
+    user's turn 2, ...). Request turn*num_users + user = system prompt + that user's earlier
+    turns (the answers in the history are fixed random text, so that every server sees the
+    same prompts whatever it generated) + a new question; it waits for the user's previous
+    turn. Answers are exactly output_len tokens (ignore_eos)."""
+    rng = random.Random(f"{seed}:{round_}")
+    system = {"role": "system", "content": random_text(rng, words, system_len)}
+    histories: list[list[dict[str, str]]] = [[system] for _ in range(num_users)]
+    requests = []
+    for turn in range(turns):
+        for user in range(num_users):
+            history = histories[user]
+            history.append({"role": "user", "content": random_text(rng, words, turn_len)})
+            after = None if turn == 0 else len(requests) - num_users
+            requests.append(Request([dict(m) for m in history], output_len, after))
+            history.append({"role": "assistant", "content": random_text(rng, words, output_len)})
+    return requests
+
+
+def prompt_ids(tokenizer, request: Request) -> list[int]:
+    """The prompt's token ids as the server computes them (minisgl's tokenizer process does
+    the same: the chat template, then no second BOS)."""
+    if isinstance(request.prompt, str):
+        return tokenizer(request.prompt).input_ids
+    text = tokenizer.apply_chat_template(request.prompt, add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reusable_tokens(ids: list[list[int]], requests: list[Request]) -> list[int]:
+    """Per request, the prompt tokens an earlier request has computed already: its previous
+    turn's prompt, or for a first turn the first request's (the system prompt). An upper
+    bound of what a prefix cache can save, if nothing is evicted and that request ran first."""
+    shared = []
+    for i, request in enumerate(requests):
+        other = request.after if request.after is not None else (0 if i > 0 else None)
+        shared.append(0 if other is None else common_prefix(ids[i], ids[other]))
+    return shared
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics (pure)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile with linear interpolation between order statistics (numpy's
+    default), so a p99 of few samples lies between the two largest rather than at one."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def stats(values: list[float]) -> dict[str, float | None]:
+    """mean, p50, p90, p99 (None for no values: e.g. ITL when every answer is one token)."""
+    if not values:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    return {"mean": sum(values) / len(values),
+            **{f"p{p}": percentile(values, p) for p in PERCENTILES}}
+
+
+@dataclass
+class Result:
+    """One request as the client saw it; times in seconds."""
+
+    index: int
+    ok: bool = False
+    error: str = ""
+    requested_tokens: int = 0
+    prompt_tokens: int = 0  # the server's count (usage)
+    output_tokens: int = 0  # the server's count (usage)
+    arrival: float = 0.0  # its Poisson arrival time, from the run's start
+    sent: float = 0.0  # when it was sent (later than `arrival` if it waited for its previous turn)
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)  # gaps between text chunks
+
+
+def summarize(results: list[Result], duration: float) -> dict:
+    """A run's figures: throughput over `duration` (first arrival to last answer), latencies
+    in milliseconds over the requests that completed."""
+    ok = [r for r in results if r.ok]
+    ms = lambda xs: [x * 1000 for x in xs]  # noqa: E731
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "output_throughput": output_tokens / duration if duration > 0 else 0.0,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok), "output_tokens": output_tokens,
+        "exact_output_lengths": all(r.output_tokens == r.requested_tokens for r in ok),
+        "ttft_ms": stats(ms(r.ttft for r in ok)),
+        "itl_ms": stats(ms(gap for r in ok for gap in r.itl)),
+        "e2e_ms": stats(ms(r.e2e for r in ok)),
+        # Time per output token after the first, averaged per request: ITL without the gaps'
+        # own spread, the figure other serving benchmarks call TPOT.
+        "tpot_ms": stats(ms((r.e2e - r.ttft) / (r.output_tokens - 1)
+                            for r in ok if r.output_tokens > 1)),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m minisgl` as a child in a session (process group) of its own: Ctrl-C in the
+    terminal reaches only us, and we stop it in order (SIGTERM lets it stop its own children
+    and unlink its sockets); if it does not exit in time, SIGKILL the whole group, so nothing
+    is left running whatever happens."""
+
+    def __init__(self, argv: list[str], host: str, port: int, threads: int | None = None
+                 ) -> None:
+        self.argv, self.url = argv, f"http://{host}:{port}"
+        self.lines: collections.deque[str] = collections.deque(maxlen=200)
+        self.ready = threading.Event()
+        env = dict(os.environ)
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
+        # Serve the engine of the repository this script belongs to, not whatever `minisgl`
+        # the interpreter would import (an editable install may point at another checkout).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python"),
+                                                        env.get("PYTHONPATH", "")) if p)
+        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, bufsize=1,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:  # read all of it, so the pipe never fills up
+            self.lines.append(line.rstrip("\n"))
+            if "minisgl: ready" in line:
+                self.ready.set()
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(list(self.lines)[-n:])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.2):
+            if not self.alive():
+                raise RuntimeError(f"服务器启动失败（退出码 {self.popen.returncode}）：\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"服务器 {timeout:.0f} 秒内没有就绪：\n{self.tail()}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever of the group is left (the launcher, if it did not stop in time; its
+        # children, if it could not stop them), until none is, so that nothing outlives us.
+        # Bounded: a child already dead stays in the group until init reaps it.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                break
+            self.popen.wait()  # reap the launcher: a zombie would keep its group alive
+            time.sleep(0.05)
+        self.popen.wait()
+        self.reader.join(5)
+
+
+# ----------------------------------------------------------------------------------------------
+# The client
+
+
+def make_client(base_url: str):
+    import httpx
+    import openai
+
+    # No retries (a retried request would hide a failure and skew its latency), no timeout
+    # (a long queue at rate inf is what we measure), and no cap on connections: openai's
+    # default of 1,000 would queue requests in the client, where the server cannot see them.
+    http = openai.DefaultAsyncHttpxClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0,
+                              timeout=httpx.Timeout(None), http_client=http)
+
+
+async def send(client, model: str, request: Request, result: Result, start: float) -> None:
+    """One streaming request; fills `result`. Times are taken when each chunk arrives."""
+    fields = dict(model=model, max_tokens=request.output_len, temperature=0.0, stream=True,
+                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    sent = time.perf_counter()
+    result.sent, result.requested_tokens = sent - start, request.output_len
+    chunk_times: list[float] = []
+    try:
+        if isinstance(request.prompt, str):
+            stream = await client.completions.create(prompt=request.prompt, **fields)
+        else:
+            stream = await client.chat.completions.create(messages=request.prompt, **fields)
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.usage is not None:
+                result.prompt_tokens = chunk.usage.prompt_tokens
+                result.output_tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                # A chat stream opens with a chunk that names the role only, and every stream
+                # ends with an empty one carrying finish_reason: neither is a token.
+                text = choice.delta.content if hasattr(choice, "delta") else choice.text
+                if text:
+                    chunk_times.append(now)
+        end = time.perf_counter()
+    except Exception as e:  # noqa: BLE001 - a failed request is a result too
+        result.error = f"{type(e).__name__}: {e}"
+        return
+    if not chunk_times:
+        result.error = "no text in the stream"
+        return
+    result.ok = True
+    result.ttft, result.e2e = chunk_times[0] - sent, end - sent
+    result.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:])]
+
+
+async def replay(base_url: str, model: str, requests: list[Request], arrivals: list[float],
+                 label: str) -> tuple[list[Result], float]:
+    """Send each request at its arrival time (and not before its previous turn ended);
+    the results, and the seconds from the first arrival to the last answer."""
+    from tqdm import tqdm
+
+    client = make_client(base_url)
+    results = [Result(i, arrival=t) for i, t in enumerate(arrivals)]
+    finished = [asyncio.Event() for _ in requests]
+    bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=False,
+               disable=None)  # None: no bar when stderr is not a terminal
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        try:
+            await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+            if requests[i].after is not None:
+                await finished[requests[i].after].wait()
+            await send(client, model, requests[i], results[i], start)
+        finally:  # a failed turn must not block the next one forever
+            finished[i].set()
+            bar.update(1)
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(len(requests))))
+        duration = time.perf_counter() - start
+    finally:
+        bar.close()
+        await client.close()
+    return results, duration
+
+
+async def warm_up(base_url: str, model: str, words: list[str]) -> None:
+    """Two short requests at once: the first forward passes (and a first batch of two) are
+    slow for reasons no rate should be charged for."""
+    rng = random.Random("warm-up")
+    client = make_client(base_url)
+    try:
+        results = [Result(i) for i in range(2)]
+        await asyncio.gather(*(send(client, model, Request(random_text(rng, words, 16), 4), r, 0.0)
+                               for r in results))
+        if not all(r.ok for r in results):
+            raise RuntimeError(f"预热请求失败：{results[0].error or results[1].error}")
+    finally:
+        await client.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+
+
+def rate_label(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}/s"
+
+
+def fmt_triple(s: dict, scale: float = 1.0, digits: int = 0) -> str:
+    if s["p50"] is None:
+        return "—"
+    return "/".join(f"{s[f'p{p}'] * scale:.{digits}f}" for p in PERCENTILES)
+
+
+def table(runs: list[dict]) -> str:
+    head = ["", "完成", "用时", "请求/s", "输出 token/s", "TTFT ms p50/90/99",
+            "ITL ms p50/90/99", "E2E s p50/90/99"]
+    rows = [head] + [[
+        run["label"], f"{run['completed']}/{run['completed'] + run['failed']}",
+        f"{run['duration_s']:.1f}s", f"{run['request_throughput']:.2f}",
+        f"{run['output_throughput']:,.1f}", fmt_triple(run["ttft_ms"]),
+        fmt_triple(run["itl_ms"], digits=1), fmt_triple(run["e2e_ms"], 1 / 1000, 2)]
+        for run in runs]
+    widths = [max(columns(row[i]) for row in rows) + 2 for i in range(len(head))]
+    return "\n".join("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def machine_line() -> str:
+    """The first line of a recorded run (the same one tools/steps.py writes)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from steps import machine_line as line
+    finally:
+        sys.path.pop(0)
+    return line()
+
+
+# ----------------------------------------------------------------------------------------------
+# Main
+
+
+def server_argv(args: argparse.Namespace, cache_type: str, port: int) -> list[str]:
+    argv = [sys.executable, "-m", "minisgl", "--model", args.model, "--host", args.host,
+            "--port", str(port), "--cache-type", cache_type]
+    if args.device:
+        argv += ["--device", args.device]
+    if args.dtype:
+        argv += ["--dtype", args.dtype]
+    return argv + shlex.split(args.server_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct"),
+                   help="checkpoint directory (served, and its tokenizer builds the prompts)")
+    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
+    p.add_argument("--rates", type=float, nargs="+", default=None,
+                   help="requests per second, each a run of its own; inf sends all at once "
+                        "(default: 1 4 inf on the CPU, 8 16 32 inf on cuda)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("random workload")
+    g.add_argument("--num-requests", type=int, default=None, help="default: 16 CPU, 400 cuda")
+    g.add_argument("--input-len", type=int, default=None,
+                   help="longest prompt in tokens (default: 128 CPU, 1024 cuda)")
+    g.add_argument("--output-len", type=int, default=None,
+                   help="longest answer in tokens; with shared-prefix every answer has this "
+                        "length (default: 32 CPU, 256 cuda)")
+    g.add_argument("--range-ratio", type=float, default=0.5,
+                   help="lengths are drawn uniformly from [len × ratio, len]; 1 fixes them")
+    g = p.add_argument_group("shared-prefix workload")
+    g.add_argument("--num-users", type=int, default=None, help="default: 4 CPU, 64 cuda")
+    g.add_argument("--turns", type=int, default=None,
+                   help="turns per user (default: 3 CPU, 4 cuda)")
+    g.add_argument("--system-len", type=int, default=None,
+                   help="shared system prompt, in words of one token (default: 256 CPU, 2048 cuda)")
+    g.add_argument("--turn-len", type=int, default=None,
+                   help="each question, in words of one token (default: 32 CPU, 128 cuda)")
+    g = p.add_argument_group("server")
+    g.add_argument("--url", default=None,
+                   help="benchmark a server that is already running (e.g. http://127.0.0.1:1919) "
+                        "instead of starting one; the server options below are then ignored")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=None, help="default: a free port")
+    g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: the server's)")
+    g.add_argument("--dtype", default=None, help="default: the server's (float32 on the CPU)")
+    g.add_argument("--cache-type", default="radix", help="the server's prefix cache")
+    g.add_argument("--compare-cache", action="store_true",
+                   help="run the server twice, --cache-type radix and naive, side by side")
+    g.add_argument("--server-threads", type=int, default=None,
+                   help="CPU: the server's PyTorch threads (OMP_NUM_THREADS); default: the "
+                        "engine's choice, one per physical core. On a machine busy with other "
+                        "work, fewer threads than cores can be much faster (see above)")
+    g.add_argument("--server-args", default="",
+                   help='more options for python -m minisgl, e.g. "--max-running-req 64 --tp 2"')
+    g.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    return p
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    gpu = (args.device or "").startswith("cuda")
+    if args.device is None and args.url is None:
+        import torch  # the server picks CUDA when it is there: size the workload as it will
+
+        gpu = torch.cuda.is_available()
+    for name, value in (GPU_DEFAULTS if gpu else CPU_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.compare_cache and args.url:
+        parser.error("--compare-cache starts its own servers; it cannot be used with --url")
+    if not 0 < args.range_ratio <= 1:
+        parser.error("--range-ratio must be in (0, 1]")
+    if any(r <= 0 for r in args.rates):
+        parser.error("--rates must be > 0 (inf for all at once)")
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    words = single_token_words(tokenizer)
+
+    def workload(round_: int) -> list[Request]:
+        if args.workload == "random":
+            return random_workload(words, args.num_requests, args.input_len, args.output_len,
+                                   args.range_ratio, args.seed, round_)
+        return shared_prefix_workload(words, args.num_users, args.turns, args.system_len,
+                                      args.turn_len, args.output_len, args.seed, round_)
+
+    first = workload(0)
+    ids = [prompt_ids(tokenizer, r) for r in first]
+    lens, outs = [len(x) for x in ids], [r.output_len for r in first]
+    model_name = Path(args.model).name
+    header = machine_line()
+    print(header)
+    print("$ python benchmark/online.py "
+          + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv)))
+    span = lambda xs: f"{min(xs)}–{max(xs)}" if min(xs) < max(xs) else f"每个 {xs[0]}"  # noqa: E731
+    description = (f"提示词 {sum(lens):,} 个 token（{span(lens)}），要求输出 {sum(outs):,} 个 "
+                   f"token（{span(outs)}），模型 {model_name}")
+    if args.workload == "random":
+        print(f"random 负载：{len(first)} 个请求，{description}")
+    else:
+        shared = sum(reusable_tokens(ids, first))
+        print(f"shared-prefix 负载：{args.num_users} 位用户 × {args.turns} 轮 = {len(first)} 个请求，"
+              f"系统提示词 {args.system_len} 个词，每轮提问 {args.turn_len} 个词；{description}；"
+              f"其中 {shared:,} 个（{shared / sum(lens):.0%}）是之前的请求算过的前缀（prefix cache "
+              f"能省下的上限）")
+    print(f"速率：{' '.join(rate_label(r) for r in args.rates)}（泊松到达，种子 {args.seed}）"
+          + ("" if not args.server_threads else
+             f"；服务器 {args.server_threads} 个 PyTorch 线程（--server-threads）"), flush=True)
+
+    cache_types = ["radix", "naive"] if args.compare_cache else [args.cache_type]
+    runs: list[dict] = []
+
+    def measure(base_url: str, cache: str | None) -> None:
+        asyncio.run(warm_up(base_url, model_name, words))
+        for round_, rate in enumerate(args.rates):
+            requests = workload(round_)
+            label = (f"{cache} · " if len(cache_types) > 1 else "") + f"速率 {rate_label(rate)}"
+            arrivals = arrival_times(len(requests), rate, args.seed)
+            results, duration = asyncio.run(replay(base_url, model_name, requests, arrivals, label))
+            run = {"label": label, "round": round_, "cache_type": cache,
+                   "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
+                   "requests": [asdict(r) for r in results]}
+            runs.append(run)
+            failed = [r for r in results if not r.ok]
+            print(f"  ……{label}：{duration:.1f}s，完成 {run['completed']}/{len(results)}"
+                  + (f"，第一个失败：{failed[0].error}" if failed else ""), file=sys.stderr,
+                  flush=True)
+            if not run["exact_output_lengths"]:
+                print(f"  ……{label}：有请求的输出 token 数与要求的不同（服务器不支持 ignore_eos？）",
+                      file=sys.stderr, flush=True)
+
+    # SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through the `finally` below.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if args.url:
+            import httpx
+
+            # Other servers may insist on the model's name as they serve it.
+            try:
+                models = httpx.get(f"{args.url.rstrip('/')}/v1/models", timeout=30).json()
+            except (httpx.HTTPError, ValueError) as e:
+                raise RuntimeError(f"{args.url} 没有回答 /v1/models：{e}") from None
+            model_name = models["data"][0]["id"]
+            measure(args.url.rstrip("/"), None)
+        for cache in ([] if args.url else cache_types):
+            port = args.port or free_port()
+            argv_ = server_argv(args, cache, port)
+            print(f"  ……启动服务器：{' '.join(shlex.quote(a) for a in argv_[1:])}",
+                  file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            server = Server(argv_, args.host, port, args.server_threads)
+            try:
+                server.wait_ready(args.startup_timeout)
+                print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,
+                      flush=True)
+                measure(server.url, cache)
+                if not server.alive():
+                    raise RuntimeError(f"服务器在测量中退出了：\n{server.tail()}")
+            finally:
+                # A second Ctrl-C must not cut the stopping short and leave the server behind.
+                handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT,
+                                                                          signal.SIGTERM)}
+                try:
+                    server.stop()
+                finally:
+                    for s, handler in handlers.items():
+                        signal.signal(s, handler)
+    except KeyboardInterrupt:
+        print("中断：服务器已停止", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        print(f"失败：{e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    # Measured server by server; shown rate by rate, so that the caches stand side by side.
+    print(table(sorted(runs, key=lambda run: run["round"])))
+    if args.compare_cache:  # radix against naive at each rate, in one line each
+        for round_, rate in enumerate(args.rates):
+            radix, naive = (next(r for r in runs if r["round"] == round_ and r["cache_type"] == c)
+                            for c in ("radix", "naive"))
+            if not (radix["completed"] and naive["completed"]):
+                continue
+            print(f"速率 {rate_label(rate)}：TTFT p50 radix {radix['ttft_ms']['p50']:,.0f} ms、"
+                  f"naive {naive['ttft_ms']['p50']:,.0f} ms，naive/radix = "
+                  f"{naive['ttft_ms']['p50'] / radix['ttft_ms']['p50']:.2f}；E2E p50 naive/radix = "
+                  f"{naive['e2e_ms']['p50'] / radix['e2e_ms']['p50']:.2f}；输出 token/s radix/naive = "
+                  f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
+    if args.json:
+        report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
+                  "model": model_name, "workload": args.workload,
+                  "options": {k: (list(map(str, v)) if k == "rates" else v)
+                              for k, v in vars(args).items()},
+                  "runs": runs}
+        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n",
+                                   encoding="utf-8")
+        print(f"JSON：{args.json}")
+    return 0 if all(run["failed"] == 0 for run in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
