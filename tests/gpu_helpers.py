@@ -51,7 +51,9 @@ def gpu_model(models_dir: Path) -> Path:
     (`tools/models.py --only qwen3-0.6b-random`, built in seconds on a GPU machine)."""
     import pytest
 
-    for name in ("SmolLM2-135M-Instruct", "qwen3-0.6b-random"):
+    from conftest import SMOLLM2
+
+    for name in (SMOLLM2, "qwen3-0.6b-random"):
         path = models_dir / name
         if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
             return path
