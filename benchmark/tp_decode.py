@@ -5,13 +5,15 @@
 Each request has a fixed random prompt; the decode rate is measured as the difference between
 a run of 1 + D output tokens and a run of 1 output token (the prefill cancels out), repeated
 --rounds times, best round kept. The radix cache is off, so the second run does not reuse the
-first one's prompts. TP=1 with the first --cuda-graph mode runs first and is the reference: the
-greedy outputs of every other setting are compared with its outputs at every batch size.
+first one's prompts. Settings are every combination of --cuda-graph, --custom-kernels and --tp;
+TP=1 with the first of each runs first and is the reference: the greedy outputs of every other
+setting are compared with its outputs at every batch size.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import time
 
@@ -60,6 +62,9 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--cuda-graph", nargs="+", default=["auto"], choices=["auto", "off", "emulate"],
                    help="decode graph modes to measure side by side (chapter 18)")
+    p.add_argument("--custom-kernels", nargs="+", default=["auto"],
+                   choices=["auto", "off", "emulate"],
+                   help="our CUDA kernels on or off, side by side (chapter 19)")
     a = p.parse_args()
     if 1 not in a.tp:
         p.error("--tp must include 1: the other sizes' outputs are compared with TP=1's")
@@ -72,42 +77,41 @@ def main() -> None:
           f" · torch {torch.__version__} · --attn {a.attn} · prompt {a.prompt_len}"
           f" · decode {a.decode} tokens")
     reference: dict[int, list[list[int]]] = {}  # the first setting's greedy outputs, by batch
+    first = f"TP=1 --cuda-graph {a.cuda_graph[0]} --custom-kernels {a.custom_kernels[0]}"
     rows = []
-    for graph in a.cuda_graph:
-        for tp in sorted(set(a.tp)):
-            llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
-                      attention_backend=a.attn, cuda_graph=graph, max_running_req=max(a.batch),
-                      max_seq_len_override=a.prompt_len + a.decode + 8)
-            try:
-                engine = getattr(getattr(llm.backend, "scheduler", None), "engine", None)
-                if engine is not None and getattr(engine, "graphs", None) is not None:
-                    print(f"--cuda-graph {graph}: {len(engine.graphs.graphs)} graphs captured in "
-                          f"{engine.graph_capture_seconds:.1f} s, "
-                          f"{engine.graph_memory_bytes / 2**20:.0f} MiB")
-                timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps
-                for batch in a.batch:
-                    best = float("inf")
-                    for _ in range(a.rounds):
-                        short, _ = timed(llm, prompts[:batch], 1)
-                        long, outs = timed(llm, prompts[:batch], 1 + a.decode)
-                        best = min(best, long - short)
-                    rows.append((tp, graph, batch, batch * a.decode / best,
-                                 best / a.decode * 1e3))
-                    if batch not in reference:
-                        reference[batch] = outs
-                    else:
-                        print(f"TP={tp} --cuda-graph {graph} batch {batch}: greedy outputs "
-                              f"identical to TP=1 --cuda-graph {a.cuda_graph[0]}: "
-                              f"{agreement(outs, reference[batch])}")
-            finally:
-                llm.shutdown()
-                # The next LLM sizes its KV pool from the free memory: this one's must be gone.
-                del llm
-                release_memory()
-    print(f"{'TP':>3} {'graph':>6} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
-    for tp, graph, batch, rate, ms in rows:
-        print(f"{tp:>3} {graph:>6} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
-
+    for graph, kernels, tp in itertools.product(a.cuda_graph, a.custom_kernels, sorted(set(a.tp))):
+        setting = f"TP={tp} --cuda-graph {graph} --custom-kernels {kernels}"
+        llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
+                  attention_backend=a.attn, cuda_graph=graph, custom_kernels=kernels,
+                  max_running_req=max(a.batch), max_seq_len_override=a.prompt_len + a.decode + 8)
+        try:
+            engine = getattr(getattr(llm.backend, "scheduler", None), "engine", None)
+            if engine is not None and getattr(engine, "graphs", None) is not None:
+                print(f"{setting}: {len(engine.graphs.graphs)} graphs captured in "
+                      f"{engine.graph_capture_seconds:.1f} s, "
+                      f"{engine.graph_memory_bytes / 2**20:.0f} MiB")
+            timed(llm, prompts[:2], 4)  # warm-up: allocator, kernels, the ranks' first steps
+            for batch in a.batch:
+                best = float("inf")
+                for _ in range(a.rounds):
+                    short, _ = timed(llm, prompts[:batch], 1)
+                    long, outs = timed(llm, prompts[:batch], 1 + a.decode)
+                    best = min(best, long - short)
+                rows.append((tp, graph, kernels, batch, batch * a.decode / best,
+                             best / a.decode * 1e3))
+                if batch not in reference:
+                    reference[batch] = outs
+                else:
+                    print(f"{setting} batch {batch}: greedy outputs identical to {first}: "
+                          f"{agreement(outs, reference[batch])}")
+        finally:
+            llm.shutdown()
+            # The next LLM sizes its KV pool from the free memory: this one's must be gone.
+            del llm
+            release_memory()
+    print(f"{'TP':>3} {'graph':>6} {'kernels':>8} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
+    for tp, graph, kernels, batch, rate, ms in rows:
+        print(f"{tp:>3} {graph:>6} {kernels:>8} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
 
 if __name__ == "__main__":
     main()

@@ -1,1 +1,1 @@
-../../../steps/ch18_cuda_graph/minisgl/engine/engine.py
+../../../steps/ch19_cuda_kernels/minisgl/engine/engine.py

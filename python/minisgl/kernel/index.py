@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/kernel/index.py
+../../../steps/ch19_cuda_kernels/minisgl/kernel/index.py

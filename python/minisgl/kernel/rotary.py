@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/kernel/rotary.py
+../../../steps/ch19_cuda_kernels/minisgl/kernel/rotary.py

@@ -1,1 +1,1 @@
-../../../steps/ch04_kv_pool/minisgl/kernel/store.py
+../../../steps/ch19_cuda_kernels/minisgl/kernel/store.py

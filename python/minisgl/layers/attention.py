@@ -1,1 +1,1 @@
-../../../steps/ch03_models/minisgl/layers/attention.py
+../../../steps/ch19_cuda_kernels/minisgl/layers/attention.py

@@ -1,1 +1,1 @@
-../../../steps/ch02_layers/minisgl/layers/rotary.py
+../../../steps/ch19_cuda_kernels/minisgl/layers/rotary.py

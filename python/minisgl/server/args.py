@@ -1,1 +1,1 @@
-../../../steps/ch18_cuda_graph/minisgl/server/args.py
+../../../steps/ch19_cuda_kernels/minisgl/server/args.py

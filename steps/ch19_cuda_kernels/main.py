@@ -1,0 +1,140 @@
+"""第 19 章：我们自己的 CUDA kernel。
+
+一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
+    CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
+二、三个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE。
+    CPU 上跑模拟器，GPU 上跑真的 kernel；
+三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
+    CPU 上（float32）还与 transformers 相同。
+"""
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minisgl.core import SamplingParams
+from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
+from minisgl.llm import LLM
+
+MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
+PROMPTS = ["The capital of France is", "List three colors:", "def fibonacci(n):",
+           "The sun rises in the"]
+MAX_TOKENS = 12
+
+
+def build(cuda: bool) -> None:
+    if jit.nvcc_path() is None:
+        print("  没有 nvcc：跳过 sm_80 / sm_90 的编译检查")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in jit.KERNELS:
+                sizes = []
+                for arch in ("sm_80", "sm_90"):
+                    obj = Path(tmp) / f"{name}-{arch}.o"
+                    jit.run_compiler(jit.compile_command(name, "cuda-object", obj, arch))
+                    sizes.append(f"{arch} {obj.stat().st_size:,} 字节")
+                print(f"  nvcc {name}.cu：{'，'.join(sizes)}")
+    start = time.perf_counter()
+    cuda_kernels.prepare(torch.device("cuda" if cuda else "cpu"))
+    kind = "GPU 上的库" if cuda else "CPU 模拟器"
+    print(f"  {kind}：{len(jit.KERNELS)} 个，{time.perf_counter() - start:.1f} 秒（已编译的从缓存取）")
+
+
+def check_kernels(device: str, dtype: torch.dtype) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    ok = True
+    # KV 写入：5 个 token，K、V 是融合投影的列切片；其中一个写到池子的最后一个槽位
+    qkv = torch.randn(5, 16 * 64, generator=gen).to(device, dtype)
+    k, v = qkv[:, 8 * 64:12 * 64].view(5, 4, 64), qkv[:, 12 * 64:].view(5, 4, 64)
+    out_loc = torch.tensor([99, 3, 42, 0, 17], device=device)
+    k_cache, v_cache = (torch.zeros(100, 4, 64, device=device, dtype=dtype) for _ in range(2))
+    cuda_kernels.store_kv(k_cache, v_cache, out_loc, k, v)
+    same = torch.equal(k_cache[out_loc], k) and torch.equal(v_cache[out_loc], v)
+    same &= int((k_cache.abs().sum((1, 2)) > 0).sum()) <= 5
+    print(f"  store_kv：与 k_cache[out_loc] = k 逐位相同：{same}")
+    ok &= same
+    # gather：这个 rank 持有词表的第 [3, 8) 行，越界的 id 得到全零行
+    weights = torch.randn(5, 64, generator=gen).to(device, dtype)
+    ids = torch.tensor([3, 7, 0, 8, -1, 5], device=device)
+    got = cuda_kernels.masked_gather(weights, ids, (3, 5))
+    local = ids - 3
+    want = weights[local.clamp(0, 4)] * ((local >= 0) & (local < 5))[:, None].to(dtype)
+    same = got is not None and torch.equal(got, want)
+    print(f"  masked_gather：与参考逐位相同（含 3 个越界 id）：{same}")
+    ok &= same
+    # q/k RMSNorm + RoPE：head_dim 128，4 个 query 头、2 个 KV 头，原地改写融合投影的列切片
+    qkv = torch.randn(5, 8 * 128, generator=gen).to(device, dtype)
+    q, k = qkv[:, :512], qkv[:, 512:768]
+    weight_q, weight_k = ((torch.rand(128, generator=gen) + 0.5).to(device, dtype)
+                          for _ in range(2))
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 128, 2).float() / 128)
+    angles = torch.outer(torch.arange(64, dtype=torch.float), inv_freq)
+    cache = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
+    positions = torch.tensor([0, 5, 63, 7, 1], device=device)
+    want_q = rms_norm(q.reshape(5, 4, 128), weight_q, 1e-6).flatten(1)
+    want_k = rms_norm(k.reshape(5, 2, 128), weight_k, 1e-6).flatten(1)
+    apply_rotary_inplace(positions, want_q, want_k, 128, cache)
+    cuda_kernels.qk_norm_rope(positions, q, k, 128, weight_q, weight_k, 1e-6, cache)
+    error = max((q.float() - want_q.float()).abs().max().item(),
+                (k.float() - want_k.float()).abs().max().item())
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    print(f"  qk_norm_rope：与参考的最大误差 {error:.2e}（容差 {tolerance:g}）")
+    return ok and error <= tolerance
+
+
+def generate(path: Path, mode: str, dtype: torch.dtype) -> list[list[int]]:
+    llm = LLM(str(path), dtype=dtype, custom_kernels=mode, max_running_req=4,
+              num_page_override=256, max_seq_len_override=64)
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
+                            progress=False)
+    finally:
+        llm.shutdown()
+    return [o["token_ids"] for o in outs]
+
+
+def hf_greedy(path: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    outs = []
+    for p in PROMPTS:
+        ids = tokenizer(p, return_tensors="pt").input_ids
+        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)
+        outs.append(out[0, ids.shape[1]:].tolist())
+    return outs
+
+
+def main() -> int:
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    mode = "auto" if cuda else "emulate"
+    print("一、构建：")
+    build(cuda)
+    print(f"\n二、kernel 对参考算子（{'GPU' if cuda else 'CPU 模拟器'}，"
+          f"{str(dtype).removeprefix('torch.')}）：")
+    previous = cuda_kernels.set_mode(mode)
+    try:
+        ok = check_kernels(device, dtype)
+    finally:
+        cuda_kernels.set_mode(previous)
+    print(f"\n三、整个模型（custom_kernels={mode} 对 off）：")
+    for name in ("tiny-qwen3", "SmolLM2-135M-Instruct"):
+        path = MODELS / name
+        ours = generate(path, mode, dtype)
+        same = ours == generate(path, "off", dtype)
+        print(f"  {name}：与参考算子逐 token 相同：{same}")
+        ok &= same
+        if not cuda:
+            same = ours == hf_greedy(path)
+            print(f"  {name}：与 transformers 逐 token 相同：{same}")
+            ok &= same
+    print("\n通过" if ok else "\n未通过")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""Compute kernels behind the layers. Each op here is the PyTorch reference with the interface of
+the GPU kernel that later chapters put behind it (FlashInfer, sgl_kernel, our own CUDA)."""
+
+from .activation import silu_and_mul
+from .index import indexing
+from .norm import fused_add_rms_norm, rms_norm
+from .rotary import apply_rotary_inplace, qk_norm_rope
+from .store import store_kv
+
+__all__ = ["apply_rotary_inplace", "fused_add_rms_norm", "indexing", "qk_norm_rope", "rms_norm",
+           "silu_and_mul", "store_kv"]

@@ -1,0 +1,97 @@
+// What a kernel source sees of CUDA, on both sides of the build.
+//
+// nvcc (__CUDACC__): the real thing; this header only adds the launch macro and bfloat16
+// conversions written once for both builds.
+//
+// A C++ compiler (the CPU emulator): the CUDA execution model rebuilt from threads. A launch runs
+// the grid's blocks one after another; the threads of a block run at the same time as
+// std::threads, so that __syncthreads() is a real barrier among them. __shared__ becomes
+// `static`: one copy that every thread of the running block sees -- blocks never overlap, so it
+// is exactly a block's shared memory. threadIdx, blockIdx, blockDim and gridDim are per-thread
+// variables set before the kernel body runs. The kernel's own code, index arithmetic included,
+// is what executes.
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+
+#include <cuda_runtime.h>
+#define LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, static_cast<cudaStream_t>(stream)>>>(__VA_ARGS__)
+#define HOST_DEVICE __host__ __device__
+
+#else  // the emulator
+
+#include <barrier>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+#define HOST_DEVICE
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+
+namespace emulator {
+inline thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
+inline thread_local std::barrier<>* block_barrier = nullptr;
+
+// Runs body() once per thread of the grid, block after block.
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+  const unsigned threads = block.x * block.y * block.z;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::barrier<> barrier(threads);
+        std::vector<std::thread> pool;
+        pool.reserve(threads);
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            thread_idx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+            block_idx = dim3(bx, by, bz);
+            block_dim = block;
+            grid_dim = grid;
+            block_barrier = &barrier;
+            body();
+          });
+        for (auto& thread : pool) thread.join();
+      }
+}
+}  // namespace emulator
+
+#define threadIdx (emulator::thread_idx)
+#define blockIdx (emulator::block_idx)
+#define blockDim (emulator::block_dim)
+#define gridDim (emulator::grid_dim)
+inline void __syncthreads() { emulator::block_barrier->arrive_and_wait(); }
+#define LAUNCH(kernel, grid, block, stream, ...) \
+  emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })
+
+#endif
+
+// bfloat16 as its 16 bits, converted by hand, identically on both sides: the top half of a
+// float32, rounded to nearest even (NaN is not produced by these kernels' inputs).
+struct bf16 { uint16_t bits; };
+
+HOST_DEVICE inline float to_float(float x) { return x; }
+HOST_DEVICE inline float to_float(bf16 x) {
+  union { uint32_t u; float f; } v{static_cast<uint32_t>(x.bits) << 16};
+  return v.f;
+}
+template <typename T> HOST_DEVICE inline T from_float(float x);
+template <> HOST_DEVICE inline float from_float<float>(float x) { return x; }
+template <> HOST_DEVICE inline bf16 from_float<bf16>(float x) {
+  union { float f; uint32_t u; } v{x};
+  const uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
+  return bf16{static_cast<uint16_t>((v.u + rounding) >> 16)};
+}

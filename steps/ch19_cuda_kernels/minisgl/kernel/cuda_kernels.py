@@ -1,0 +1,132 @@
+"""Our own CUDA kernels (chapter 19) behind three reference ops: the KV store, the masked gather
+of the embedding, and Qwen3's q/k RMSNorm fused with RoPE. The mode is process-wide, set by the
+Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on
+CPU tensors, "off" leaves every op to its reference. Tensors a kernel cannot take (another
+dtype, a layout it does not handle) go to the reference too, so the choice never changes what
+is computed, only how."""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_float, c_int, c_int64, c_void_p
+
+import torch
+
+from . import jit
+
+MODES = ("auto", "off", "emulate")
+_mode = "off"
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # what the fused norm computes in
+
+_SIGNATURES = {
+    "minisgl_store_kv": [c_void_p] * 5 + [c_int64] * 4 + [c_void_p],
+    "minisgl_masked_gather": [c_void_p] * 3 + [c_int64] * 4 + [c_void_p],
+    "minisgl_qk_norm_rope": [c_void_p] * 2 + [c_int64] * 6 + [c_void_p] * 4 + [c_float, c_int,
+                                                                             c_void_p],
+}
+
+
+def set_mode(mode: str) -> str:
+    """Switch the process to `mode`; returns the previous one (the Engine puts it back)."""
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"custom kernels: mode must be one of {MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    return previous
+
+
+def target_for(x: torch.Tensor) -> str | None:
+    """The build that runs for tensors like `x` ("cuda" or "emulator"), or None: reference."""
+    if _mode == "auto" and x.is_cuda:
+        return "cuda"
+    if _mode == "emulate" and x.device.type == "cpu":
+        return "emulator"
+    return None
+
+
+def prepare(device: torch.device) -> None:
+    """Build (or load from the cache) every kernel library for `device` now, at start-up: a
+    missing compiler is an error message before any weight is read, not in the first forward."""
+    for name in jit.KERNELS:
+        _library(name, device)
+
+
+def _library(name: str, device: torch.device) -> ctypes.CDLL:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        library = jit.load(name, "cuda", f"sm_{major}{minor}")
+    else:
+        library = jit.load(name, "emulator")
+    for function, argtypes in _SIGNATURES.items():
+        if hasattr(library, function):
+            getattr(library, function).argtypes = argtypes
+            getattr(library, function).restype = c_int
+    return library
+
+
+def _stream(x: torch.Tensor) -> int | None:
+    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
+
+
+def _check(code: int, kernel: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{kernel}: CUDA error {code}")
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """Each row (index along dimension 0) contiguous in memory; rows may lie any distance
+    apart (k and v are column slices of the fused qkv projection)."""
+    return x.shape[0] == 0 or x[0].is_contiguous()
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> bool:
+    """k_cache[out_loc] = k and v_cache[out_loc] = v in one launch; False (nothing done) when
+    the tensors are not laid out for the kernel."""
+    if not (out_loc.dtype == torch.int64 and out_loc.is_contiguous() and k_cache.is_contiguous()
+            and v_cache.is_contiguous() and k.dtype == v.dtype == k_cache.dtype
+            and _rows(k) and _rows(v)):
+        return False
+    code = _library("store", k.device).minisgl_store_kv(
+        k_cache.data_ptr(), v_cache.data_ptr(), out_loc.data_ptr(), k.data_ptr(), v.data_ptr(),
+        len(out_loc), k_cache[0].numel() * k_cache.element_size(),
+        k.stride(0) * k.element_size(), v.stride(0) * v.element_size(), _stream(k))
+    _check(code, "store_kv")
+    return True
+
+
+def masked_gather(weights: torch.Tensor, ids: torch.Tensor,
+                  vocab_range: tuple[int, int] | None) -> torch.Tensor | None:
+    """Rows of `weights` for `ids`; with vocab_range = (start, length), ids outside this rank's
+    rows give zero rows. None when the tensors are not laid out for the kernel."""
+    if not (ids.dtype == torch.int64 and ids.is_contiguous() and weights.is_contiguous()):
+        return None
+    start, length = vocab_range if vocab_range is not None else (0, weights.shape[0])
+    out = torch.empty(len(ids), *weights.shape[1:], dtype=weights.dtype, device=weights.device)
+    code = _library("index", weights.device).minisgl_masked_gather(
+        out.data_ptr(), weights.data_ptr(), ids.data_ptr(), len(ids),
+        weights[0].numel() * weights.element_size(), start, length, _stream(weights))
+    _check(code, "masked_gather")
+    return out
+
+
+def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+                 q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos_sin_cache: torch.Tensor) -> bool:
+    """In place on q [tokens, q_heads * head_dim] and k [tokens, k_heads * head_dim]: per-head
+    RMSNorm (weights q_weight, k_weight), then RoPE from cos_sin_cache [positions, head_dim]
+    (float32, cos then sin). False (nothing done) when the kernel does not take these tensors."""
+    if not (q.dtype in _DTYPES and q.dtype == k.dtype == q_weight.dtype == k_weight.dtype
+            and q.stride(1) == 1 and k.stride(1) == 1 and positions.dtype == torch.int64
+            and positions.is_contiguous() and cos_sin_cache.dtype == torch.float32
+            and cos_sin_cache.is_contiguous() and cos_sin_cache.shape[1] == head_dim):
+        return False
+    code = _library("qk_norm_rope", q.device).minisgl_qk_norm_rope(
+        q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), q.shape[0],
+        q.shape[1] // head_dim, k.shape[1] // head_dim, head_dim, q_weight.data_ptr(),
+        k_weight.data_ptr(), cos_sin_cache.data_ptr(), positions.data_ptr(), eps,
+        _DTYPES[q.dtype], _stream(q))
+    if code == -1:  # a head size the kernel is not written for
+        return False
+    _check(code, "qk_norm_rope")
+    return True

@@ -1,0 +1,89 @@
+"""Building our CUDA sources (csrc/*.cu) at first use, two ways, cached on disk:
+
+- "cuda": nvcc compiles the kernel for this GPU into a shared library;
+- "emulator": a C++ compiler compiles the very same file for the CPU, where csrc/cuda_model.h
+  turns the CUDA execution model into loops and threads (see there).
+
+Each library exports plain C functions that take raw pointers, sizes and a stream; Python calls
+them through ctypes. No torch headers are compiled in, so a build takes seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+SOURCES = Path(__file__).parent / "csrc"
+KERNELS = ("store", "index", "qk_norm_rope")
+CACHE_DIR = Path(os.environ.get("MINISGL_KERNEL_CACHE",
+                                Path.home() / ".cache" / "minisgl" / "kernels"))
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel library could not be built here: the message says why and what to do."""
+
+
+def nvcc_path() -> str | None:
+    if (home := os.environ.get("CUDA_HOME")) and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc") or (
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+
+
+def compile_command(name: str, target: str, output: Path, arch: str | None = None) -> list[str]:
+    """The compiler call that builds csrc/<name>.cu into `output`: a shared library for the
+    "cuda" target (for `arch`, e.g. "sm_90") or for the "emulator"; for the target
+    "cuda-object" just an object file, which is all a compile check needs."""
+    source = str(SOURCES / f"{name}.cu")
+    if target in ("cuda", "cuda-object"):
+        nvcc = nvcc_path()
+        if nvcc is None:
+            raise KernelBuildError(
+                "our CUDA kernels are compiled at first use and nvcc was not found (set CUDA_HOME "
+                "or put the CUDA toolkit's bin/ on PATH); --disable-custom-kernels runs the "
+                "reference ops instead")
+        kind = ["-c"] if target == "cuda-object" else ["-shared", "-Xcompiler", "-fPIC"]
+        return [nvcc, "-std=c++17", "-O3", f"-arch={arch}", *kind, source, "-o", str(output)]
+    if target == "emulator":
+        compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+        if compiler is None:
+            raise KernelBuildError("the CPU emulator needs a C++20 compiler (c++ or g++; or $CXX)")
+        return [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-x", "c++", source,
+                "-o", str(output), "-lpthread"]
+    raise ValueError(f"unknown target {target!r}: cuda, cuda-object or emulator")
+
+
+def run_compiler(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelBuildError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+
+
+def build(name: str, target: str, arch: str | None = None) -> Path:
+    """The shared library of csrc/<name>.cu for `target`, compiled unless the cache holds one
+    built from the same sources with the same command."""
+    digest = hashlib.sha256()
+    for path in (SOURCES / f"{name}.cu", SOURCES / "cuda_model.h"):
+        digest.update(path.read_bytes())
+    digest.update(f"{target} {arch}".encode())
+    library = CACHE_DIR / f"{name}-{target}-{digest.hexdigest()[:16]}.so"
+    if not library.is_file():
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:  # same file system: atomic
+            partial = Path(tmp) / library.name
+            run_compiler(compile_command(name, target, partial, arch))
+            partial.replace(library)  # a process building the same library meanwhile is fine
+    return library
+
+
+@cache
+def load(name: str, target: str, arch: str | None = None) -> ctypes.CDLL:
+    """Build (or find) and load a kernel library; each exported function returns 0, or a CUDA
+    error code."""
+    return ctypes.CDLL(str(build(name, target, arch)))

@@ -1,0 +1,224 @@
+"""Our CUDA kernels on a machine without a GPU: every kernel compiles with nvcc for sm_80 and
+sm_90, and each kernel's own source runs on the CPU through the emulator of the CUDA execution
+model (csrc/cuda_model.h), checked against the reference ops: random inputs and the edges (an
+empty batch, one token, ids outside the vocabulary slice, the pool's last slot)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+
+from conftest import TINY_QWEN3
+from minisgl.core import SamplingParams
+from minisgl.kernel import cuda_kernels, jit
+from minisgl.kernel.norm import rms_norm
+from minisgl.kernel.rotary import apply_rotary_inplace
+from minisgl.llm import LLM
+from processes import run_example
+
+CHAPTER = 19
+
+
+@pytest.fixture
+def emulate():
+    previous = cuda_kernels.set_mode("emulate")
+    yield
+    cuda_kernels.set_mode(previous)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", jit.KERNELS)
+def test_every_kernel_compiles_with_nvcc(name, arch, tmp_path):
+    if jit.nvcc_path() is None:
+        pytest.skip("nvcc is not installed here (CI has it)")
+    jit.run_compiler(jit.compile_command(name, "cuda-object", tmp_path / f"{name}.o", arch))
+    assert (tmp_path / f"{name}.o").stat().st_size > 0
+
+
+def qkv_views(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+              gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as the attention layer sees them: column slices of one fused projection, so
+    their rows lie (q_heads + 2 kv_heads) * head_dim elements apart."""
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    return qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 7])
+@pytest.mark.parametrize("dtype, heads, head_dim", [
+    (torch.float32, 2, 8), (torch.bfloat16, 8, 128), (torch.float16, 1, 3)])  # 16, 2048, 6 bytes
+def test_store_kv(emulate, tokens, dtype, heads, head_dim):
+    gen = torch.Generator().manual_seed(tokens)
+    _, k, v = qkv_views(tokens, 2, heads, head_dim, dtype, gen)
+    k, v = k.view(tokens, heads, head_dim), v.view(tokens, heads, head_dim)
+    slots = 50
+    out_loc = torch.randperm(slots, generator=gen)[:tokens]
+    if tokens:
+        out_loc[0] = slots - 1  # the last slot of the pool
+    k_cache, v_cache = (torch.zeros(slots, heads, head_dim, dtype=dtype) for _ in range(2))
+    assert cuda_kernels.store_kv(k_cache, v_cache, out_loc, k, v)
+    want_k, want_v = (torch.zeros(slots, heads, head_dim, dtype=dtype) for _ in range(2))
+    want_k[out_loc], want_v[out_loc] = k, v
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def reference_gather(weights, ids, vocab_range):
+    start, length = vocab_range or (0, len(weights))
+    local = ids - start
+    inside = (local >= 0) & (local < length)
+    return weights[local.clamp(0, length - 1)] * inside[:, None].to(weights.dtype)
+
+
+@pytest.mark.parametrize("vocab_range", [None, (3, 5)])
+@pytest.mark.parametrize("ids", [[], [4], [0, 9, 3, 15, -1, 4, 7, 8, 2]])
+@pytest.mark.parametrize("dtype, width", [(torch.float32, 12), (torch.bfloat16, 5)])
+def test_masked_gather(emulate, vocab_range, ids, dtype, width):
+    gen = torch.Generator().manual_seed(len(ids))
+    rows = vocab_range[1] if vocab_range else 10
+    weights = torch.randn(rows, width, generator=gen).to(dtype)
+    ids = torch.tensor(ids, dtype=torch.int64)
+    if vocab_range is None:
+        ids = ids.clamp(0, rows - 1)  # without a slice every id is a row of the table
+    got = cuda_kernels.masked_gather(weights, ids, vocab_range)
+    assert got is not None and torch.equal(got, reference_gather(weights, ids, vocab_range))
+
+
+def rope_cache(positions: int, head_dim: int) -> torch.Tensor:
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+# float32: the kernel sums the squares in another order than torch; bfloat16: both round at the
+# same places, so they may differ only where a sum in another order crosses a rounding boundary.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 5])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_rope(emulate, tokens, head_dim, dtype):
+    gen = torch.Generator().manual_seed(head_dim + tokens)
+    q, k, _ = qkv_views(tokens, 4, 2, head_dim, dtype, gen)
+    q_weight, k_weight = ((torch.rand(head_dim, generator=gen) + 0.5).to(dtype) for _ in range(2))
+    cache = rope_cache(100, head_dim)
+    positions = torch.randint(0, 100, (tokens,), generator=gen)
+    if tokens:
+        positions[0] = 99  # the table's last row
+    if tokens == 0:  # nothing to compute (the reference's reshapes cannot even express it)
+        assert cuda_kernels.qk_norm_rope(positions, q, k, head_dim, q_weight, k_weight, 1e-6,
+                                         cache)
+        return
+    want_q = rms_norm(q.reshape(tokens, 4, head_dim), q_weight, 1e-6).flatten(1)
+    want_k = rms_norm(k.reshape(tokens, 2, head_dim), k_weight, 1e-6).flatten(1)
+    apply_rotary_inplace(positions, want_q, want_k, head_dim, cache)
+    assert cuda_kernels.qk_norm_rope(positions, q, k, head_dim, q_weight, k_weight, 1e-6, cache)
+    for got, want in ((q, want_q), (k, want_k)):
+        assert (got.float() - want.float()).abs().max().item() <= TOLERANCE[dtype]
+
+
+def test_qk_norm_rope_declines_a_head_size_it_is_not_written_for(emulate):
+    """head_dim 96: half of it is not a power of two (the tree sum in shared memory needs one).
+    The kernel refuses, and the op falls back to the reference ops."""
+    from minisgl.kernel import qk_norm_rope
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, _ = qkv_views(3, 2, 1, 96, torch.float32, gen)
+    weights, cache, positions = torch.ones(96), rope_cache(10, 96), torch.tensor([0, 4, 9])
+    before = q.clone()
+    assert not cuda_kernels.qk_norm_rope(positions, q, k, 96, weights, weights, 1e-6, cache)
+    assert torch.equal(q, before)  # untouched
+    got_q, _ = qk_norm_rope(positions, q, k, 96, cache, weights, weights, 1e-6)
+    want_q = rms_norm(before.view(3, 2, 96), weights, 1e-6).flatten(1)
+    apply_rotary_inplace(positions, want_q, torch.zeros(3, 0), 96, cache)
+    assert torch.allclose(got_q, want_q)
+
+
+def test_the_emulator_runs_the_kernels_own_source(emulate, tmp_path, monkeypatch):
+    """A bug planted in store.cu's index arithmetic (each token written one slot further) shows
+    in the emulated result: the CPU test executes the kernel source, not a Python copy of it."""
+    sources = tmp_path / "csrc"
+    shutil.copytree(jit.SOURCES, sources)
+    text = (sources / "store.cu").read_text()
+    assert text.count("slot * row_units") == 2
+    (sources / "store.cu").write_text(text.replace("slot * row_units", "(slot + 1) * row_units"))
+    monkeypatch.setattr(jit, "SOURCES", sources)
+    monkeypatch.setattr(jit, "CACHE_DIR", tmp_path / "cache")
+    jit.load.cache_clear()
+    try:
+        k_cache, v_cache = torch.zeros(4, 2), torch.zeros(4, 2)
+        k = torch.ones(1, 2)
+        assert cuda_kernels.store_kv(k_cache, v_cache, torch.tensor([1]), k, k)
+        assert torch.equal(k_cache[2], k[0]) and not k_cache[1].any()  # the planted bug, executed
+    finally:
+        jit.load.cache_clear()
+
+
+def test_a_library_is_built_once_and_then_taken_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(jit, "CACHE_DIR", tmp_path)
+    calls = []
+    real = jit.run_compiler
+    monkeypatch.setattr(jit, "run_compiler", lambda command: (calls.append(command), real(command)))
+    first = jit.build("index", "emulator")
+    assert jit.build("index", "emulator") == first and len(calls) == 1
+
+
+def test_without_nvcc_the_error_says_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setattr(jit, "nvcc_path", lambda: None)
+    with pytest.raises(jit.KernelBuildError, match="nvcc was not found.*--disable-custom-kernels"):
+        jit.compile_command("store", "cuda", tmp_path / "x.so", "sm_90")
+
+
+def test_the_mode_is_checked():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        cuda_kernels.set_mode("on")
+    from minisgl.engine import EngineConfig
+
+    with pytest.raises(ValueError, match="custom_kernels must be auto, off or emulate"):
+        EngineConfig("m", custom_kernels="yes")
+
+
+def test_the_server_flag_turns_them_off():
+    from minisgl.server.args import parse_args
+
+    args = parse_args(["--model", "models/tiny-qwen3", "--disable-custom-kernels"])
+    assert args.scheduler.custom_kernels == "off"
+    assert parse_args(["--model", "models/tiny-qwen3"]).scheduler.custom_kernels == "auto"
+
+
+def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, hf_model,
+                                                                  hf_tokenizer, hf_greedy,
+                                                                  monkeypatch):
+    """The whole model through the kernels' CPU build (store, gather, and Qwen3's fused q/k
+    norm + RoPE): the same greedy tokens as the reference ops and as transformers."""
+    calls = {}
+    for op in ("store_kv", "masked_gather", "qk_norm_rope"):
+        real = getattr(cuda_kernels, op)
+        monkeypatch.setattr(cuda_kernels, op, lambda *a, _op=op, _real=real: (
+            calls.__setitem__(_op, calls.get(_op, 0) + 1), _real(*a))[1])
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    outs = {}
+    for mode in ("emulate", "off"):
+        llm = LLM(str(models_dir / TINY_QWEN3), custom_kernels=mode, max_running_req=2,
+                  num_page_override=128, max_seq_len_override=64)
+        try:
+            outs[mode] = [o["token_ids"] for o in llm.generate(
+                prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
+        finally:
+            llm.shutdown()
+    hf, tokenizer = hf_model(TINY_QWEN3), hf_tokenizer(TINY_QWEN3)
+    expected = [hf_greedy(hf, tokenizer(p).input_ids, 8) for p in prompts]
+    assert outs["emulate"] == outs["off"] == expected
+    assert set(calls) == {"store_kv", "masked_gather", "qk_norm_rope"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")
+def test_example_runs_the_emulated_kernels(hf_model, hf_tokenizer, hf_greedy):
+    out = run_example("ch19_cuda_kernels.py")
+    assert re.search(r"^我们的 kernel 与参考算子输出相同： True$", out, re.M)
+    tokenizer = hf_tokenizer(TINY_QWEN3)
+    expected = tokenizer.decode(hf_greedy(hf_model(TINY_QWEN3),
+                                          tokenizer("The capital of France is").input_ids, 8))
+    assert f"custom_kernels=emulate → {expected!r}" in out

@@ -1,0 +1,91 @@
+"""Our CUDA kernels on a real GPU (skipped without CUDA or nvcc): each against the reference op
+on the same inputs in bfloat16, and a model's greedy tokens with and without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SMOLLM2
+from gpu_helpers import PROMPTS
+from minisgl.core import SamplingParams
+from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
+from minisgl.llm import LLM
+
+CHAPTER = 19
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(jit.nvcc_path() is None, reason="needs nvcc to build the kernels"),
+]
+
+
+@pytest.fixture
+def on_gpu():
+    previous = cuda_kernels.set_mode("auto")
+    yield
+    cuda_kernels.set_mode(previous)
+
+
+@pytest.mark.parametrize("tokens", [1, 256, 16384])
+def test_store_and_gather_are_exact(on_gpu, tokens):
+    """Qwen3-0.6B's shapes: 8 KV heads of 128 per token, embedding rows of 1024."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    qkv = torch.randn(tokens, 32 * 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k, v = (qkv[:, start:start + 1024].view(tokens, 8, 128) for start in (2048, 3072))
+    out_loc = torch.randperm(20000, device="cuda", generator=gen)[:tokens]
+    k_cache, v_cache = (torch.zeros(20000, 8, 128, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    assert cuda_kernels.store_kv(k_cache, v_cache, out_loc, k, v)
+    assert torch.equal(k_cache[out_loc], k) and torch.equal(v_cache[out_loc], v)
+    weights = torch.randn(151936, 1024, device="cuda", generator=gen, dtype=torch.bfloat16)
+    ids = torch.randint(-5, 151936 + 5, (tokens,), device="cuda", generator=gen)
+    got = cuda_kernels.masked_gather(weights, ids, (75968, 75968))  # rank 1 of 2
+    local = ids - 75968
+    inside = (local >= 0) & (local < 75968)
+    want = weights[75968:][local.clamp(0, 75967)] * inside[:, None].to(torch.bfloat16)
+    assert got is not None and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("tokens", [1, 256])
+def test_qk_norm_rope_rounds_as_the_cpu_reference(on_gpu, tokens):
+    """Against the reference ops computed on the CPU (transformers' rounding order: FlashInfer's
+    GPU norm rounds once less). Both round at the same places; they may differ by one bfloat16
+    step (2**-8 of the value, below 1e-2 here) where the sum of squares, taken in another
+    order, lands on the other side of a rounding boundary."""
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, 32 * 128, generator=gen).to(torch.bfloat16)
+    weight_q, weight_k = ((torch.rand(128, generator=gen) + 0.5).to(torch.bfloat16)
+                          for _ in range(2))
+    angles = torch.outer(torch.arange(4096, dtype=torch.float),
+                         1.0 / 1e6 ** (torch.arange(0, 128, 2).float() / 128))
+    cache = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen)
+    want_q = rms_norm(qkv[:, :2048].reshape(tokens, 16, 128), weight_q, 1e-6).flatten(1)
+    want_k = rms_norm(qkv[:, 2048:3072].reshape(tokens, 8, 128), weight_k, 1e-6).flatten(1)
+    apply_rotary_inplace(positions, want_q, want_k, 128, cache)
+    gpu = qkv.cuda()
+    assert cuda_kernels.qk_norm_rope(positions.cuda(), gpu[:, :2048], gpu[:, 2048:3072], 128,
+                                     weight_q.cuda(), weight_k.cuda(), 1e-6, cache.cuda())
+    error = max((gpu[:, :2048].cpu().float() - want_q.float()).abs().max().item(),
+                (gpu[:, 2048:3072].cpu().float() - want_k.float()).abs().max().item())
+    print(f"\nqk_norm_rope, {tokens} tokens: max |error| against the CPU reference {error:.2e}")
+    assert error <= 1e-2
+
+
+def test_same_greedy_tokens_with_and_without_our_kernels(models_dir):
+    """SmolLM2 has no q/k norm: only the store and the gather change, and both are exact, so the
+    tokens must be identical, not merely close."""
+    path = models_dir / SMOLLM2
+    if not (path / "model.safetensors").is_file():
+        pytest.skip("SmolLM2's weights are not on this machine")
+    outs = {}
+    for mode in ("off", "auto"):
+        llm = LLM(str(path), dtype=torch.bfloat16, custom_kernels=mode, max_running_req=8,
+                  max_seq_len_override=512, num_page_override=4096, device="cuda")
+        try:
+            outs[mode] = [o["token_ids"] for o in llm.generate(
+                PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))]
+        finally:
+            llm.shutdown()
+    assert outs["auto"] == outs["off"]
