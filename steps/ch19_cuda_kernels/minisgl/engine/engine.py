@@ -108,9 +108,10 @@ class Engine:
                                           model_config.head_dim, config.dtype)
         # Every rank must see the same pool size, or their schedulers would decide differently.
         self.num_pages = self.comm.min_over_ranks(
-            config.num_page_override or self._pages_that_fit(config, page_bytes))
+            config.num_page_override or self._pages_that_fit(config, page_bytes) - 1)
         # One page more than the scheduler hands out: where the padding rows of a replayed
-        # decode graph write their K and V (chapter 18).
+        # decode graph write their K and V (chapter 18). A memory budget pays for it (hence the
+        # - 1 above); an explicit page count is the scheduler's alone.
         self.kv_pool = MHAKVPool(model_config.num_layers, self.num_pages + 1, config.page_size,
                                  kv_heads, model_config.head_dim, config.dtype, self.device)
         # A request can never hold more tokens than the pool, nor more than RoPE was built for.
@@ -187,8 +188,9 @@ class Engine:
         else:  # the ranks share the machine's memory: the budget is for all of them
             budget = config.cpu_kv_cache_bytes // self.tp.size
         num_pages = budget // page_bytes
-        if num_pages < 1:
-            raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}")
+        if num_pages < 2:  # the scheduler's one, and the graphs' spare
+            raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}, "
+                             f"and two pages are the least")
         return num_pages
 
     def check_request_fits(self, prompt_len: int, max_tokens: int) -> None:
