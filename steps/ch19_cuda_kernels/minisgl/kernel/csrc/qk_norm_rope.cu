@@ -9,6 +9,10 @@
 
 constexpr int kMaxHalfDim = 128;  // head_dim up to 256
 
+// x stored in T and read back: where the reference ops keep an intermediate in the model's dtype.
+template <typename T>
+__device__ inline float rounded(float x) { return to_float(from_float<T>(x)); }
+
 // One block per (token, head); thread i owns the pair (i, i + head_dim / 2) that RoPE rotates
 // together ("neox" layout), so after the block-wide sum of squares each thread finishes its
 // pair alone.
@@ -36,13 +40,12 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ q, T* __restrict__ k, int64_
   }
   const float inv_rms = 1.0f / sqrtf(partial[0] / static_cast<float>(head_dim) + eps);
 
-  const float na = to_float(from_float<T>(to_float(from_float<T>(a * inv_rms)) * to_float(weight[i])));
-  const float nb =
-      to_float(from_float<T>(to_float(from_float<T>(b * inv_rms)) * to_float(weight[i + half])));
+  const float na = rounded<T>(rounded<T>(a * inv_rms) * to_float(weight[i]));
+  const float nb = rounded<T>(rounded<T>(b * inv_rms) * to_float(weight[i + half]));
   const float* row = cos_sin + positions[token] * head_dim;  // cos in the first half, sin after
-  const float cos = row[i], sin = row[i + half];
-  x[i] = from_float<T>(na * cos - nb * sin);
-  x[i + half] = from_float<T>(nb * cos + na * sin);
+  const float cos_i = row[i], sin_i = row[i + half];
+  x[i] = from_float<T>(na * cos_i - nb * sin_i);
+  x[i + half] = from_float<T>(nb * cos_i + na * sin_i);
 }
 
 template <typename T>
