@@ -3,9 +3,11 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# A CPU build of torch: an unpinned torch pulls a multi-GB CUDA build on Linux. Override on a GPU
-# machine, e.g. `make test TORCH=torch`.
+# A CPU build of torch: an unpinned torch pulls a multi-GB CUDA build on Linux. Triton runs
+# chapter 20's kernels on the CPU in its interpreter; pinned like torch. A CUDA torch requires
+# its own triton, so override both on a GPU machine: `make test TORCH=torch TRITON=triton`.
 TORCH  ?= torch==2.13.0
+TRITON ?= triton==3.9.0
 
 .PHONY: check test book serve setup models mutate
 check: setup
@@ -30,7 +32,7 @@ setup: $(VENV)/.installed models
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" "$(TRITON)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 

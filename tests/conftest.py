@@ -17,6 +17,7 @@ TINY_QWEN3 = "tiny-qwen3"
 TINY_LLAMA = "tiny-llama"
 TINY_QWEN2 = "tiny-qwen2"  # q/k/v biases
 TINY_MISTRAL = "tiny-mistral"
+TINY_QWEN3_MOE = "tiny-qwen3-moe"  # 8 experts, top-2; layer 1 of 4 dense (chapter 20)
 
 
 @pytest.fixture(autouse=True)

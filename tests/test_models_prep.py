@@ -47,7 +47,7 @@ def test_smollm2_has_a_chat_template():
     assert "<|im_start|>user\nhi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
 
 
-TINY = ["tiny-qwen3", "tiny-llama", "tiny-qwen2", "tiny-mistral"]
+TINY = ["tiny-qwen3", "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-moe"]
 
 
 @pytest.mark.parametrize("name", TINY)

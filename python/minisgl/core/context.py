@@ -1,1 +1,1 @@
-../../../steps/ch01_core/minisgl/core/context.py
+../../../steps/ch20_moe/minisgl/core/context.py

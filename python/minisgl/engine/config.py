@@ -1,1 +1,1 @@
-../../../steps/ch19_cuda_kernels/minisgl/engine/config.py
+../../../steps/ch20_moe/minisgl/engine/config.py

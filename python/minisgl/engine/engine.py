@@ -1,1 +1,1 @@
-../../../steps/ch19_cuda_kernels/minisgl/engine/engine.py
+../../../steps/ch20_moe/minisgl/engine/engine.py

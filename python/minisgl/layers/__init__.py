@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/layers/__init__.py
+../../../steps/ch20_moe/minisgl/layers/__init__.py

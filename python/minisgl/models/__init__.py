@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/models/__init__.py
+../../../steps/ch20_moe/minisgl/models/__init__.py

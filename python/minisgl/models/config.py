@@ -1,1 +1,1 @@
-../../../steps/ch03_models/minisgl/models/config.py
+../../../steps/ch20_moe/minisgl/models/config.py

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/models/weight.py
+../../../steps/ch20_moe/minisgl/models/weight.py

@@ -1,1 +1,1 @@
-../../../steps/ch19_cuda_kernels/minisgl/server/args.py
+../../../steps/ch20_moe/minisgl/server/args.py

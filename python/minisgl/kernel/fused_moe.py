@@ -1,0 +1,1 @@
+../../../steps/ch20_moe/minisgl/kernel/fused_moe.py

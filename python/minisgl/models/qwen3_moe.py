@@ -1,0 +1,1 @@
+../../../steps/ch20_moe/minisgl/models/qwen3_moe.py

@@ -1,0 +1,1 @@
+../../../steps/ch20_moe/minisgl/moe/triton_backend.py

@@ -1,0 +1,31 @@
+"""Layers: small operators that declare their parameters by name and call the kernels."""
+
+from .activation import SiluAndMul
+from .attention import AttentionLayer
+from .base import BaseOP, OPList, StatelessOP, meta_param
+from .embedding import Embedding, LMHead, vocab_shard
+from .linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
+from .moe import MoE
+from .norm import FusedAddRMSNorm, RMSNorm
+from .rotary import RotaryEmbedding, rope_inv_freq
+
+__all__ = [
+    "AttentionLayer",
+    "BaseOP",
+    "Embedding",
+    "FusedAddRMSNorm",
+    "LMHead",
+    "Linear",
+    "MergedLinear",
+    "MoE",
+    "OPList",
+    "QKVLinear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "SiluAndMul",
+    "StatelessOP",
+    "meta_param",
+    "rope_inv_freq",
+    "vocab_shard",
+]
