@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from minisgl.distributed import TPInfo, set_tp_info
 from minisgl.layers import MoE
 from minisgl.models import ModelConfig, create_model, load_model
 from minisgl.moe import TorchMoEBackend
+from processes import run_example
 
 CHAPTER = 20  # tools/steps.py check runs this module on chapter 20's own tree
 
@@ -252,3 +254,13 @@ def test_qwen2_moe_config_is_refused_for_its_shared_expert():
     with pytest.raises(ValueError, match="shared_expert_intermediate_size"):
         ModelConfig.from_hf({**hf, "architectures": ["Qwen2MoeForCausalLM"]})
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")
+def test_example_gives_transformers_text_with_both_backends(hf_model, hf_tokenizer, hf_greedy):
+    out = run_example("ch20_moe.py")
+    assert re.search(r"^两种后端输出相同： True$", out, re.M)
+    tokenizer = hf_tokenizer(TINY_QWEN3_MOE)
+    expected = tokenizer.decode(hf_greedy(hf_model(TINY_QWEN3_MOE),
+                                          tokenizer("The capital of France is").input_ids, 8))
+    assert f"--moe triton → {expected!r}" in out
