@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+# Chapter 20: without CUDA, Triton kernels run only in Triton's interpreter, and Triton makes
+# that choice once, when triton.language is first imported -- by whichever module imports it
+# first (transformers may). So a CPU test session turns the interpreter on before anything runs.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parent.parent  # the repository, or a tree built by tools/steps.py
 MODELS_DIR = Path(os.environ.get("MINISGL_MODELS") or ROOT / "models")
 SMOLLM2 = "SmolLM2-135M-Instruct"

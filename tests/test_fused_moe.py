@@ -26,6 +26,12 @@ CPU = torch.device("cpu")
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
+# On a GPU machine triton.language is imported compiled, and the interpreter cannot be switched
+# on afterwards; tests/test_fused_moe_cuda.py checks the compiled kernels there.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="the interpreter is the CPU's way to run the kernels")
+
+
 @pytest.fixture(scope="module")
 def kernels():
     """The kernel module built for the interpreter; TRITON_INTERPRET=1 while this module runs."""

@@ -4,8 +4,8 @@ built the way a module's tests need, whatever another module of the session did 
 Triton reads TRITON_INTERPRET when `@triton.jit` decorates a kernel (so at the kernel module's
 import) and again while an interpreted kernel runs. So a fixture sets or clears the variable for
 the duration of its module's tests and re-imports the kernel module if it was built the other
-way; setting the variable at collection time instead would leak into every module collected
-after it (the GPU tests would run in the interpreter)."""
+way. A CPU test session has the variable set from the start (tests/conftest.py): Triton's own
+library (triton.language) is decorated once, when first imported, and must be interpreted too."""
 
 from __future__ import annotations
 
