@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from offline import columns, pad
 
 CATEGORIES = [  # first match wins
     ("注意力", re.compile(r"flashinfer|BatchDecode|BatchPrefill|Prefill|Decode|fmha|flash|attention"
@@ -105,11 +106,12 @@ def main() -> int:
           f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余逐元素"]
     header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
-    print("  " + "".join(f"{h:<{34 if i == 0 else 12}}" for i, h in enumerate(header)))
+    width = max(18, *(columns(name) + 2 for name in results))
+    print("  " + "".join(pad(h, width if i == 0 else 16) for i, h in enumerate(header)))
     for name, r in results.items():
         cells = [name, f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
                  *(f"{r['gpu'][label]:.2f}" for label in labels), f"{r['launches']:.0f}"]
-        print("  " + "".join(f"{c:<{34 if i == 0 else 12}}" for i, c in enumerate(cells)))
+        print("  " + "".join(pad(c, width if i == 0 else 16) for i, c in enumerate(cells)))
     for name, r in results.items() if args.top else ():
         print(f"{name}：GPU 时间最多的 {args.top} 个 kernel（GPU 毫秒/步）")
         for kernel, ms in r["kernels"].most_common(args.top):

@@ -4,8 +4,10 @@
 
 Shapes are Qwen3-0.6B's in bfloat16: 8 KV heads and 16 query heads of 128, embedding rows of
 1024 over a 151,936-token vocabulary (sliced in two, as rank 1 of TP=2 holds it). Each op runs
---iters times between two CUDA events, best of --rounds; the bandwidth counts the bytes each
-kernel must read and write at least once.
+--iters times, captured in one CUDA graph (as a decode step runs them) and replayed between two
+CUDA events, best of --rounds; the bandwidth counts the bytes each kernel must read and write at
+least once. The last columns time our wrappers called eagerly: the host's cost per call
+(Python, ctypes, the launch), which a graph removes from decode but prefill still pays.
 """
 
 from __future__ import annotations
@@ -15,24 +17,11 @@ from collections.abc import Callable
 
 import torch
 
+from gpu_timing import best_microseconds
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, rms_norm
 
 DTYPE = torch.bfloat16
 KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, VOCAB = 8, 16, 128, 1024, 151936
-
-
-def best_microseconds(op: Callable[[], object], iters: int, rounds: int) -> float:
-    op()  # first use: builds or loads the kernel
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            op()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / iters)
-    return best
 
 
 def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], object], int]]:
@@ -93,15 +82,17 @@ def main() -> None:
     args = parser.parse_args()
     cuda_kernels.set_mode("auto")
     print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__} · bfloat16 · "
-          f"best of {args.rounds} × {args.iters} launches")
+          f"best of {args.rounds} × {args.iters} calls in a CUDA graph")
     print(f"{'kernel':<14} {'tokens':>7} {'ours µs':>9} {'replaced µs':>12} {'speed-up':>9} "
-          f"{'ours GB/s':>10}")
+          f"{'ours GB/s':>10} {'eager µs: ours':>15} {'replaced':>9}")
     for tokens in args.tokens:
         for name, ours, replaced, nbytes in cases(tokens):
             mine = best_microseconds(ours, args.iters, args.rounds)
             theirs = best_microseconds(replaced, args.iters, args.rounds)
+            eager = [best_microseconds(op, args.iters, args.rounds, graph=False)
+                     for op in (ours, replaced)]
             print(f"{name:<14} {tokens:>7} {mine:>9.2f} {theirs:>12.2f} {theirs / mine:>8.2f}x "
-                  f"{nbytes / mine / 1e3:>10.1f}")
+                  f"{nbytes / mine / 1e3:>10.1f} {eager[0]:>15.2f} {eager[1]:>9.2f}")
 
 
 if __name__ == "__main__":

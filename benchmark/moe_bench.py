@@ -4,7 +4,10 @@
 
 One MoE layer of Qwen3-30B-A3B's shape in bfloat16 with random weights: 128 experts, top-8
 (renormalised), hidden 2048, moe_intermediate_size 768. Each backend's forward (routing
-included) runs --iters times between two CUDA events, best of --rounds. TFLOP/s counts the
+included) runs --iters times between two CUDA events, best of --rounds: the torch reference
+eagerly (it reads the chosen experts back to the host, so no graph can hold it, and the engine
+runs it without graphs), the fused one eagerly and replayed from a CUDA graph (as the engine's
+decode runs it; prefill runs it eagerly). TFLOP/s counts the
 useful multiply-adds (6 * tokens * top_k * hidden * inter FLOPs); GB/s the bytes that must
 move at least once: the weights of the experts the batch chose, x and the output.
 --sweep also times fused_moe alone (routing excluded) with a few tile configurations per token
@@ -19,6 +22,7 @@ from collections.abc import Callable
 import torch
 import triton
 
+from gpu_timing import best_microseconds
 from minisgl.kernel.fused_moe import GemmConfig, default_config, fused_moe
 from minisgl.moe import TorchMoEBackend, TritonMoEBackend, select_experts
 
@@ -29,20 +33,6 @@ CANDIDATES = [GemmConfig(m, n, k, warps, stages)
                                              (16, 128, 64, 4, 3), (32, 64, 64, 4, 3),
                                              (64, 64, 64, 4, 3), (64, 128, 64, 8, 3),
                                              (64, 128, 64, 4, 4), (128, 128, 64, 8, 3)]]
-
-
-def best_microseconds(op: Callable[[], object], iters: int, rounds: int) -> float:
-    op()  # first use: compiles the Triton kernels
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            op()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / iters)
-    return best
 
 
 def main() -> None:
@@ -61,8 +51,8 @@ def main() -> None:
     expert_bytes = (w13[0].numel() + w2[0].numel()) * DTYPE.itemsize
     reference, fused = TorchMoEBackend(), TritonMoEBackend()
 
-    print(f"{'tokens':>6} {'experts':>7} {'torch ref us':>12} {'fused us':>9} {'speedup':>7} "
-          f"{'fused TFLOP/s':>13} {'fused GB/s':>10}")
+    print(f"{'tokens':>6} {'experts':>7} {'torch ref us':>12} {'fused eager us':>14} "
+          f"{'fused graph us':>14} {'speedup':>7} {'TFLOP/s':>8} {'GB/s':>6}  (of the graph)")
     for tokens in args.tokens:
         x = torch.randn(tokens, HIDDEN, device="cuda", dtype=DTYPE)
         logits = torch.randn(tokens, EXPERTS, device="cuda", dtype=DTYPE)
@@ -71,12 +61,13 @@ def main() -> None:
         flops = 6 * tokens * TOP_K * HIDDEN * INTER
         moved = chosen * expert_bytes + 2 * x.numel() * DTYPE.itemsize
         ref_us = best_microseconds(lambda: reference.forward(x, logits, w13, w2, TOP_K, True),
-                                   args.iters, args.rounds)
-        fused_us = best_microseconds(lambda: fused.forward(x, logits, w13, w2, TOP_K, True),
-                                     args.iters, args.rounds)
-        print(f"{tokens:>6} {chosen:>7} {ref_us:>12.1f} {fused_us:>9.1f} "
-              f"{ref_us / fused_us:>6.1f}x {flops / fused_us / 1e6:>13.2f} "
-              f"{moved / fused_us / 1e3:>10.0f}")
+                                   args.iters, args.rounds, graph=False)
+        eager_us, fused_us = (best_microseconds(
+            lambda: fused.forward(x, logits, w13, w2, TOP_K, True), args.iters, args.rounds,
+            graph=graph) for graph in (False, True))
+        print(f"{tokens:>6} {chosen:>7} {ref_us:>12.1f} {eager_us:>14.1f} {fused_us:>14.1f} "
+              f"{ref_us / fused_us:>6.1f}x {flops / fused_us / 1e6:>8.2f} "
+              f"{moved / fused_us / 1e3:>6.0f}")
         if args.sweep:
             default = default_config(tokens * TOP_K, EXPERTS)
             for config in CANDIDATES:
