@@ -9,8 +9,9 @@ openai 包的 AsyncOpenAI，流式请求，每收到一个 token 块记一次时
         token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
   E2E   端到端延迟：从发出请求到流结束。
 每个速率报告请求吞吐（完成的请求数 / 用时）、输出 token/s，以及三种延迟的 p50 / p90 / p99，打成
-一张表；--json PATH 另存 JSON（含每个请求的记录）。结束时（包括 Ctrl-C 和出错）停掉服务器及其
-全部子进程。
+一张表；--json PATH 另存 JSON（含每个请求的记录），--plot PATH 把同样的结果画成 PNG：TTFT、ITL、
+E2E 的 p50（实线）与 p99（虚线）随请求速率的变化，--compare-cache 时 radix、naive 各一条。终端上
+每个速率显示一个进度条（按完成的请求）。结束时（包括 Ctrl-C 和出错）停掉服务器及其全部子进程。
 
 两种负载：
 - random（默认）：随机文本走 /v1/completions。提示词由"一个词正好是一个 token"的英文词拼成，
@@ -42,7 +43,8 @@ CPU 上服务器的 PyTorch 线程数默认由引擎决定（每个物理核一�
     python benchmark/online.py                                   # CPU，random 负载
     python benchmark/online.py --rates 1 inf --num-requests 8
     python benchmark/online.py --workload shared-prefix --compare-cache
-    python benchmark/online.py --device cuda --model models/qwen3-0.6b-random --json online.json
+    python benchmark/online.py --device cuda --model models/qwen3-0.6b-random --json online.json \
+        --plot online.png
     python benchmark/online.py --url http://127.0.0.1:30000 --model PATH   # 测一个已经在跑的服务器
 
 注意：客户端和服务器跑在同一台机器上，在 2 核的 CPU 机器上它们互相抢核，绝对数字只说明趋势；
@@ -468,6 +470,36 @@ def table(runs: list[dict]) -> str:
                      for row in rows)
 
 
+def plot(report: dict, path: str) -> None:
+    """TTFT, ITL and E2E against the request rate, p50 solid and p99 dashed, a line pair per
+    prefix cache, in a PNG; `report` is what --json writes. Log scale: at rate inf the queue
+    makes TTFT orders of magnitude longer than at a low rate."""
+    from matplotlib.figure import Figure  # without pyplot: Agg draws the PNG, no display needed
+
+    runs = sorted(report["runs"], key=lambda run: run["round"])
+    caches = list(dict.fromkeys(run["cache_type"] for run in runs))
+    rates = {run["round"]: rate_label(math.inf if run["rate"] == "inf" else run["rate"])
+             for run in runs}  # evenly spaced, whatever the rates: inf has no place on an axis
+    fig = Figure(figsize=(13, 4.2))
+    for ax, (key, title, scale) in zip(fig.subplots(1, 3), [
+            ("ttft_ms", "TTFT (ms)", 1.0), ("itl_ms", "ITL (ms)", 1.0),
+            ("e2e_ms", "E2E (s)", 1 / 1000)]):
+        for color, cache in enumerate(caches):
+            mine = [run for run in runs if run["cache_type"] == cache]
+            for p, style in (("p50", "-"), ("p99", "--")):
+                ax.plot([run["round"] for run in mine],
+                        [math.nan if run[key][p] is None else run[key][p] * scale
+                         for run in mine], style, marker="o", color=f"C{color}",
+                        label=f"{cache} {p}" if len(caches) > 1 else p)
+        ax.set_xticks(list(rates), list(rates.values()))
+        ax.set(xlabel="request rate", title=title, yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report['model']} · {report['workload']} workload")
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+
+
 def machine_line() -> str:
     """The first line of a recorded run (the same one tools/steps.py writes)."""
     sys.path.insert(0, str(ROOT / "tools"))
@@ -538,6 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='more options for python -m minisgl, e.g. "--max-running-req 64 --tp 2"')
     g.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="draw TTFT / ITL / E2E p50 and p99 against the rate into a PNG "
+                        "(needs matplotlib)")
     return p
 
 
@@ -678,15 +713,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{naive['ttft_ms']['p50'] / radix['ttft_ms']['p50']:.2f}；E2E p50 naive/radix = "
                   f"{naive['e2e_ms']['p50'] / radix['e2e_ms']['p50']:.2f}；输出 token/s radix/naive = "
                   f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
+    report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
+              "model": model_name, "workload": args.workload,
+              "options": {k: (list(map(str, v)) if k == "rates" else v)
+                          for k, v in vars(args).items()},
+              "runs": runs}
     if args.json:
-        report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
-                  "model": model_name, "workload": args.workload,
-                  "options": {k: (list(map(str, v)) if k == "rates" else v)
-                              for k, v in vars(args).items()},
-                  "runs": runs}
         Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n",
                                    encoding="utf-8")
         print(f"JSON：{args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"图：{args.plot}")
     return 0 if all(run["failed"] == 0 for run in runs) else 1
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib import image
 from transformers import AutoTokenizer
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
@@ -160,6 +161,28 @@ def test_reusable_tokens_count_the_shared_prefixes(tokenizer):
 
 
 # ----------------------------------------------------------------------------------------------
+# Plot
+
+
+def test_the_plot_draws_a_report_as_json_holds_it(tmp_path):
+    def run(round_, rate, cache, ms):
+        figures = {"p50": ms, "p90": 2 * ms, "p99": 3 * ms}
+        return {"round": round_, "rate": rate, "cache_type": cache, "ttft_ms": figures,
+                "itl_ms": figures if rate != "inf" else {"p50": None, "p90": None, "p99": None},
+                "e2e_ms": {p: 100 * v for p, v in figures.items()}}
+
+    runs = [run(i, rate, cache, (i + 1) * (2 if cache == "naive" else 1))
+            for cache in ("radix", "naive") for i, rate in enumerate([1.0, 4.0, "inf"])]
+    report = json.loads(json.dumps({"model": "tiny-qwen3", "workload": "shared-prefix",
+                                    "runs": runs}))  # "inf" as --json writes it
+    path = tmp_path / "online.png"
+    online.plot(report, str(path))
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    height, width, _ = image.imread(path).shape
+    assert height > 100 and width > 100
+
+
+# ----------------------------------------------------------------------------------------------
 # One real run
 
 
@@ -185,9 +208,11 @@ def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, caps
     out = tmp_path / "online.json"
     code = online.main(["--model", str(TINY), "--num-requests", "5", "--rates", "20",
                         "--input-len", "32", "--output-len", "8", "--port", str(port),
-                        "--device", "cpu", "--json", str(out)])
+                        "--device", "cpu", "--json", str(out),
+                        "--plot", str(tmp_path / "online.png")])
     printed = capsys.readouterr().out
     assert code == 0, printed
+    assert (tmp_path / "online.png").read_bytes().startswith(b"\x89PNG")
     assert not processes_mentioning(f"--port {port} "), "the server is still running"
     assert "速率 20/s" in printed and "TTFT" in printed
     report = json.loads(out.read_text(encoding="utf-8"))
