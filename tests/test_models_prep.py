@@ -128,3 +128,15 @@ def test_random_checkpoint_does_not_depend_on_the_thread_count(tmp_path, monkeyp
     tool.write_random_checkpoint(config, tmp_path / "one")
     many, one = (load_file(tmp_path / d / "model.safetensors") for d in ["many", "one"])
     assert many.keys() == one.keys() and all(torch.equal(many[k], one[k]) for k in many)
+
+
+def test_padded_tokenizer_decodes_every_id_and_encodes_as_before(tmp_path):
+    tool = _models_tool()
+    smollm2 = AutoTokenizer.from_pretrained(SMOLLM2)
+    smollm2.save_pretrained(tmp_path)
+    tool.pad_tokenizer_vocab(tmp_path, 151936)
+    padded = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(padded) == 151936
+    assert padded.decode([49152, 151935]) == "<|x49152|><|x151935|>"
+    text = "The capital of France is Paris. <|im_start|>user\nhi<|im_end|>"
+    assert padded(text).input_ids == smollm2(text).input_ids

@@ -272,7 +272,22 @@ def make_qwen3_shape(path: Path, shape: dict) -> None:
     config = config_class(**shape, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, dtype=torch.bfloat16)
     AutoTokenizer.from_pretrained(smollm2).save_pretrained(path)
+    pad_tokenizer_vocab(path, config.vocab_size)
     write_random_checkpoint(config, path)
+
+
+def pad_tokenizer_vocab(path: Path, vocab_size: int) -> None:
+    """Give every id below vocab_size a token: '<|x50000|>' for each id SmolLM2's 49,152 do not
+    cover. A random model emits any id of its vocabulary, and a server streams text: an id the
+    tokenizer does not know would decode to nothing, and the stream would lose the token. The
+    placeholders go into the BPE vocabulary (no merges reach them, so encoding is unchanged),
+    not among the added tokens, which would make loading the tokenizer ten times slower."""
+    file = path / "tokenizer.json"
+    tokenizer = json.loads(file.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in tokenizer["added_tokens"]}
+    vocab.update({f"<|x{i}|>": i for i in range(vocab_size) if i not in taken})
+    file.write_text(json.dumps(tokenizer, ensure_ascii=False))
 
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
