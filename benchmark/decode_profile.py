@@ -3,7 +3,7 @@
 256 个请求（随机提示词 --prompt-len 个 token）全部 prefill 完之后，调度器每一步都是 256 个
 请求的 decode。先跑几步热身，再用 torch.profiler 记录 --steps 步：
 - 墙钟：每步的主机时间（步与步之间不同步，测的是稳态）；
-- GPU：每步 kernel 时间之和，按类别分开（注意力、矩阵乘、gather/scatter、其余逐元素）；
+- GPU：每步 kernel 时间之和，按类别分开（注意力、矩阵乘、norm/RoPE/激活、KV 写入/gather、其余）；
 - 每步发射的 kernel 个数。
 GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。
 
@@ -26,16 +26,17 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from offline import columns, pad
 
-CATEGORIES = [  # first match wins
-    ("注意力", re.compile(r"flashinfer|BatchDecode|BatchPrefill|Prefill|Decode|fmha|flash|attention"
-                        r"|softmax|sdpa", re.I)),
+CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kernels are not attention
+    ("注意力", re.compile(r"BatchDecode|BatchPrefill|MergeStates|fmha|flash_fwd|attention|softmax"
+                        r"|sdpa", re.I)),
     ("矩阵乘", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul", re.I)),
-    ("gather/scatter", re.compile(r"index|gather|scatter", re.I)),
+    ("norm/RoPE/激活", re.compile(r"norm|rotary|rope|act_and_mul|silu", re.I)),
+    ("KV 写入/gather", re.compile(r"index|gather|scatter|store_kv", re.I)),
 ]
 
 
 def category(name: str) -> str:
-    return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余逐元素")
+    return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余")
 
 
 def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int,
@@ -104,7 +105,7 @@ def main() -> int:
                                             args.steps, mode)
     print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
           f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
-    labels = [label for label, _ in CATEGORIES] + ["其余逐元素"]
+    labels = [label for label, _ in CATEGORIES] + ["其余"]
     header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
     width = max(18, *(columns(name) + 2 for name in results))
     print("  " + "".join(pad(h, width if i == 0 else 16) for i, h in enumerate(header)))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from gpu_timing import best_microseconds
+from minisgl.benchmark.perf import best_microseconds
 from minisgl.kernel.fused_moe import GemmConfig, default_config, fused_moe
 from minisgl.moe import TorchMoEBackend, TritonMoEBackend, select_experts
 

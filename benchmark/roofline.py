@@ -4,7 +4,7 @@
 各请求已缓存 token 的 K/V 读一次，本步新 token 的 K/V 写一次（中间激活假定都留在片上，不计）。
 每一步的浮点运算：线性层每个新 token 2 × 参数量；LM head 只算每个请求的最后一个位置；注意力每个
 （query，key）对 4 × 头数 × head_dim，新 token 之间按因果掩码只算一半。一步的下界 =
-max(字节 / 带宽, 浮点运算 / 峰值算力)。
+max(字节 / 带宽, 浮点运算 / 峰值算力)。这套算术在包里：minisgl/benchmark/roofline.py（第 21 章）。
 
 引擎每发射一步（Engine.launch）记一次：GPU 上在引擎的 stream 上前后各记一个 CUDA event，跑完再
 统一读出（不逐步同步，以免改变被测的东西），CPU 上用 perf_counter。汇总成 prefill 一行、decode 按
@@ -24,145 +24,22 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from minisgl.benchmark.roofline import (H200_BF16_PEAK, H200_COPY_BANDWIDTH, H200_HBM_BANDWIDTH,
+                                       Hardware, ModelShape, PhaseRow, StepShape, aggregate,
+                                       step_cost)
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine.engine import Launched
 from minisgl.llm import LLM
-from minisgl.models import MODELS, ModelConfig
+from minisgl.models import ModelConfig
 from offline import official_workload, pad  # benchmark/offline.py
 
 ROOT = Path(__file__).resolve().parent.parent
-
-H200_HBM_BANDWIDTH = 4.8e12  # bytes/s: HBM3e, NVIDIA's H200 datasheet
-# bytes/s (read + written) that a device-to-device copy achieves on an H200: a tighter
-# bound to try with --bandwidth, since no kernel streams faster than a plain copy.
-H200_COPY_BANDWIDTH = 4.3e12
-H200_BF16_PEAK = 989e12  # FLOP/s: dense bf16 tensor cores, H200 SXM datasheet
-DECODE_BUCKETS = (1, 8, 32, 64, 128, 256)  # upper ends of the decode batch-size buckets
-
-
-# ----------------------------------------------------------------------------------------------
-# Cost model: pure arithmetic on the model's shape and one step's composition
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the cost of a dense Llama-style decoder depends on (biases, a few KB, left out)."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool  # the LM head reuses the embedding table
-    qk_norm: bool  # Qwen3: an RMSNorm on every head of q and k
-
-    @classmethod
-    def of(cls, config: ModelConfig) -> ModelShape:
-        if config.num_experts:
-            raise ValueError(f"{config.architecture} has experts; this cost model is for dense "
-                             f"models only")
-        return cls(config.num_layers, config.hidden_size, config.intermediate_size,
-                   config.num_q_heads, config.num_kv_heads, config.head_dim, config.vocab_size,
-                   config.tie_word_embeddings, MODELS.get(config.architecture).qk_norm)
-
-    @property
-    def linear_params_per_layer(self) -> int:
-        q, kv = self.q_heads * self.head_dim, self.kv_heads * self.head_dim
-        attention = self.hidden * (q + 2 * kv) + q * self.hidden  # qkv_proj, o_proj
-        return attention + 3 * self.hidden * self.intermediate  # gate, up, down
-
-    @property
-    def norm_params_per_layer(self) -> int:
-        return 2 * self.hidden + 2 * self.head_dim * self.qk_norm
-
-    @property
-    def parameters(self) -> int:
-        """As the checkpoint holds them: a tied table counts once."""
-        return self.weights_read_per_step + self.vocab * self.hidden * (not self.tied)
-
-    @property
-    def weights_read_per_step(self) -> int:
-        """Every layer, the final norm and the LM head; of the embedding (when it is a table of
-        its own) a step reads only the rows of its tokens, counted per token."""
-        per_layer = self.linear_params_per_layer + self.norm_params_per_layer
-        return self.layers * per_layer + self.hidden + self.vocab * self.hidden
-
-    @property
-    def kv_per_token(self) -> int:
-        """Elements of K and V one token keeps in the cache, all layers."""
-        return self.layers * 2 * self.kv_heads * self.head_dim
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What one forward computes, summed over its requests."""
-
-    phase: str  # "prefill" or "decode"
-    # = the rows the LM head scores: each request's last new token (a prompt chunk's too,
-    # whose sampled token is then dropped)
-    requests: int
-    new_tokens: int
-    cached_tokens: int  # tokens whose K/V the step reads from the cache
-    attention_pairs: int  # (query, key) pairs, causal among the new tokens
-
-    @classmethod
-    def of(cls, phase: str, lengths: Iterable[tuple[int, int]]) -> StepShape:
-        """From each request's (cached_len, device_len): it computes tokens cached_len..
-        device_len-1, and new token i (1-based) attends to cached_len + i keys."""
-        requests = new_tokens = cached_tokens = pairs = 0
-        for cached, total in lengths:
-            new = total - cached
-            requests += 1
-            new_tokens += new
-            cached_tokens += cached
-            pairs += new * cached + new * (new + 1) // 2
-        return cls(phase, requests, new_tokens, cached_tokens, pairs)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    bandwidth: float  # bytes/s
-    peak_flops: float  # FLOP/s
-
-
-@dataclass(frozen=True)
-class Cost:
-    weight_bytes: int
-    kv_bytes: int
-    flops: int
-
-    @property
-    def bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes
-
-    def memory_seconds(self, hw: Hardware) -> float:
-        return self.bytes / hw.bandwidth
-
-    def compute_seconds(self, hw: Hardware) -> float:
-        return self.flops / hw.peak_flops
-
-    def bound(self, hw: Hardware) -> float:
-        return max(self.memory_seconds(hw), self.compute_seconds(hw))
-
-
-def step_cost(model: ModelShape, step: StepShape, dtype_bytes: int) -> Cost:
-    embedding_rows = step.new_tokens * model.hidden
-    kv = (step.cached_tokens + step.new_tokens) * model.kv_per_token  # read the old, write the new
-    flops = (2 * model.layers * model.linear_params_per_layer * step.new_tokens
-             + 2 * model.vocab * model.hidden * step.requests  # the LM head: last tokens only
-             # q·k and p·v: 2 FLOPs per multiply-add, head_dim of each per pair and q head
-             + 4 * model.layers * model.q_heads * model.head_dim * step.attention_pairs)
-    return Cost((model.weights_read_per_step + embedding_rows) * dtype_bytes, kv * dtype_bytes,
-                flops)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,65 +103,6 @@ def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
 
 
 # ----------------------------------------------------------------------------------------------
-# Aggregation per phase
-
-
-def decode_bucket(size: int) -> tuple[int, str]:
-    """(index, "first–last") of the batch-size bucket that `size` falls in."""
-    first = 1
-    for i, last in enumerate(DECODE_BUCKETS):
-        if size <= last:
-            return i, f"{first}" if first == last else f"{first}–{last}"
-        first = last + 1
-    return len(DECODE_BUCKETS), f"{first}+"
-
-
-@dataclass
-class PhaseRow:
-    phase: str
-    batch_sizes: str  # "2–8": a decode bucket; "" for prefill
-    steps: int = 0
-    tokens: int = 0
-    measured_s: float = 0.0
-    bound_s: float = 0.0
-    memory_s: float = 0.0  # sum of bytes / bandwidth
-    compute_s: float = 0.0  # sum of FLOPs / peak
-    memory_bound_steps: int = 0  # steps whose bound is the bytes (the rest: the FLOPs)
-
-    @property
-    def ratio(self) -> float:
-        return self.measured_s / self.bound_s
-
-    @property
-    def binds(self) -> str:
-        compute = self.steps - self.memory_bound_steps
-        return ("访存" if not compute else "算力" if not self.memory_bound_steps
-                else f"访存 {self.memory_bound_steps}／算力 {compute}")
-
-    def add(self, step: StepShape, measured: float, cost: Cost, hw: Hardware) -> None:
-        self.steps += 1
-        self.tokens += step.new_tokens
-        self.measured_s += measured
-        self.bound_s += cost.bound(hw)
-        self.memory_s += cost.memory_seconds(hw)
-        self.compute_s += cost.compute_seconds(hw)
-        self.memory_bound_steps += cost.memory_seconds(hw) >= cost.compute_seconds(hw)
-
-
-def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, dtype_bytes: int,
-              hw: Hardware) -> list[PhaseRow]:
-    """Prefill first, then decode by batch size. This engine never mixes phases in a step: a
-    prefill batch holds prompt tokens only (chunks included), a decode batch one token per
-    running request."""
-    rows: dict[tuple[int, str], PhaseRow] = {}
-    for step, measured in zip(steps, seconds, strict=True):
-        key = (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
-        row = rows.setdefault(key, PhaseRow(step.phase, key[1]))
-        row.add(step, measured, step_cost(model, step, dtype_bytes), hw)
-    return [rows[key] for key in sorted(rows)]
-
-
-# ----------------------------------------------------------------------------------------------
 # A run: what was measured, and its report
 
 
@@ -332,6 +150,13 @@ class Run:
                    data["dtype_bytes"], recording)
 
 
+def binds(row: PhaseRow) -> str:
+    """What bounds the row's steps: 访存 (the bytes), 算力 (the FLOPs), or how many of each."""
+    compute = row.steps - row.memory_bound_steps
+    return ("访存" if not compute else "算力" if not row.memory_bound_steps
+            else f"访存 {row.memory_bound_steps}／算力 {compute}")
+
+
 def print_table(run: Run, hw: Hardware) -> list[PhaseRow]:
     rows, recording = run.phases(hw), run.recording
     steps_s = sum(recording.seconds)
@@ -354,7 +179,7 @@ def print_table(run: Run, hw: Hardware) -> list[PhaseRow]:
     for r in rows:
         name = "prefill" if r.phase == "prefill" else f"decode，批 {r.batch_sizes}"
         cells = [name, f"{r.steps:,}", f"{r.tokens:,}", ms(r.measured_s), ms(r.bound_s),
-                 f"{r.ratio:,.2f}x", ms(r.memory_s), ms(r.compute_s), r.binds]
+                 f"{r.ratio:,.2f}x", ms(r.memory_s), ms(r.compute_s), binds(r)]
         print("  " + "".join(pad(c, w) for c, w in zip(cells, widths)))
     return rows
 

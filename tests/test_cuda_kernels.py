@@ -120,7 +120,7 @@ def test_qk_norm_rope(emulate, tokens, head_dim, dtype):
 
 
 def test_qk_norm_rope_declines_a_head_size_it_is_not_written_for(emulate):
-    """head_dim 96: half of it is not a power of two (the tree sum in shared memory needs one).
+    """head_dim 96: not a power of two (the kernel is compiled for 1, 2 or 4 pairs per lane).
     The kernel refuses, and the op falls back to the reference ops."""
     from minisgl.kernel import qk_norm_rope
 

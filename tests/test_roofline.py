@@ -1,6 +1,6 @@
-"""benchmark/roofline.py: the cost model (parameters against transformers, FLOPs against torch's
-FLOP counter, bytes by hand), the recorder on tiny-qwen3 (every computed token in exactly one
-step), and the report (table, JSON, replay from JSON, plot)."""
+"""benchmark/roofline.py: the recorder on tiny-qwen3 (every computed token in exactly one step)
+and the report (table, JSON, replay from JSON, plot). The cost model it reports with,
+minisgl.benchmark.roofline, is test_benchmark.py's (chapter 21)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from minisgl.core import SamplingParams
-from minisgl.models import ModelConfig
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -40,93 +37,6 @@ def _load():
 
 
 roofline = _load()
-
-# head_dim 32 is not hidden / heads (16): the config's value must win, as in Qwen3-0.6B.
-QWEN3 = dict(architectures=["Qwen3ForCausalLM"], hidden_size=64, intermediate_size=128,
-             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-             vocab_size=1000, rms_norm_eps=1e-6, tie_word_embeddings=False)
-LLAMA = dict(architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=96,
-             num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
-             vocab_size=500, rms_norm_eps=1e-5, tie_word_embeddings=True)
-
-
-def shape_of(hf: dict) -> roofline.ModelShape:
-    return roofline.ModelShape.of(ModelConfig.from_hf(hf))
-
-
-# ----------------------------------------------------------------------------------------------
-# Cost model
-
-
-@pytest.mark.parametrize("hf, config_class", [(QWEN3, Qwen3Config), (LLAMA, LlamaConfig)],
-                         ids=["qwen3-untied", "llama-tied"])
-def test_parameter_count_is_the_transformers_models(hf, config_class):
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config_class(**hf))
-    assert shape_of(hf).parameters == sum(p.numel() for p in model.parameters())
-
-
-def test_parameters_and_step_costs_by_hand():
-    shape = shape_of(QWEN3)
-    # q 4×32 = 128 and k, v 2×32 = 64 wide: 64·(128 + 64 + 64) + o 128·64 + MLP 3·64·128
-    assert shape.linear_params_per_layer == 16384 + 8192 + 24576 == 49152
-    assert shape.norm_params_per_layer == 2 * 64 + 2 * 32  # two RMSNorms, q_norm and k_norm
-    assert shape.weights_read_per_step == 2 * (49152 + 192) + 64 + 1000 * 64
-    assert shape.parameters == shape.weights_read_per_step + 1000 * 64  # the embedding table
-    assert shape.kv_per_token == 2 * 2 * 2 * 32  # layers × (K, V) × kv heads × head_dim
-    llama = shape_of(LLAMA)
-    assert llama.parameters == llama.weights_read_per_step  # tied: the LM head is the table
-
-    # A decode step: two requests with 10 and 20 tokens cached, one new token each.
-    step = roofline.StepShape.of("decode", [(10, 11), (20, 21)])
-    assert step == roofline.StepShape("decode", requests=2, new_tokens=2, cached_tokens=30,
-                                      attention_pairs=11 + 21)
-    cost = roofline.step_cost(shape, step, dtype_bytes=2)
-    assert cost.weight_bytes == 2 * (shape.weights_read_per_step + 2 * 64)  # + 2 embedding rows
-    assert cost.kv_bytes == 2 * 256 * (30 + 2)  # read 30 tokens' K/V, write 2
-    assert cost.flops == 2 * 2 * 2 * 49152 + 2 * 2 * 1000 * 64 + 4 * 2 * 4 * 32 * 32
-
-    hw = roofline.Hardware(bandwidth=1e9, peak_flops=1e12)
-    assert cost.bound(hw) == max(cost.bytes / 1e9, cost.flops / 1e12) == cost.bytes / 1e9
-    slow = roofline.Hardware(bandwidth=1e15, peak_flops=1e9)
-    assert cost.bound(slow) == cost.flops / 1e9
-
-
-def test_attention_pairs_are_causal_among_the_new_tokens():
-    # A chunk of 2 new tokens after 3 cached: they attend to 4 and 5 keys.
-    assert roofline.StepShape.of("prefill", [(3, 5)]).attention_pairs == 4 + 5
-    # A whole prompt of 4: 1 + 2 + 3 + 4; two requests add up.
-    both = roofline.StepShape.of("prefill", [(0, 4), (3, 5)])
-    assert (both.requests, both.new_tokens, both.cached_tokens, both.attention_pairs) == (
-        2, 6, 3, 10 + 9)
-
-
-def test_flops_are_what_torch_counts_in_the_transformers_forward():
-    torch.manual_seed(0)
-    config = Qwen3Config(**QWEN3)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    shape, tokens = shape_of(QWEN3), 10
-    ids = torch.randint(0, 1000, (1, tokens))
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(ids, logits_to_keep=1)  # the LM head on the last token only, as our engine does
-    # Eager attention multiplies the masked half of the prompt's square too; the bound counts
-    # only the causal pairs.
-    masked = 4 * shape.layers * shape.q_heads * shape.head_dim * tokens * (tokens - 1) // 2
-    assert counter.get_total_flops() == masked + roofline.step_cost(
-        shape, roofline.StepShape.of("prefill", [(0, tokens)]), 4).flops
-
-
-def test_dense_models_only():
-    moe = dict(QWEN3, architectures=["Qwen3MoeForCausalLM"], num_experts=4,
-               num_experts_per_tok=2, moe_intermediate_size=32)
-    with pytest.raises(ValueError, match="dense"):
-        shape_of(moe)
-
-
-def test_decode_buckets():
-    labels = {size: roofline.decode_bucket(size)[1] for size in (1, 2, 8, 9, 32, 33, 256, 257)}
-    assert labels == {1: "1", 2: "2–8", 8: "2–8", 9: "9–32", 32: "9–32", 33: "33–64",
-                      256: "129–256", 257: "257+"}
 
 
 # ----------------------------------------------------------------------------------------------

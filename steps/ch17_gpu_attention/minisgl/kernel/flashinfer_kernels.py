@@ -11,6 +11,9 @@ from types import ModuleType
 import torch
 
 INSTALLED = importlib.util.find_spec("flashinfer") is not None
+# The head sizes FlashInfer's RoPE kernel is compiled for (DISPATCH_HEAD_DIM in its utils.cuh);
+# others (the tiny test models' 32) take the reference path.
+ROPE_HEAD_DIMS = (64, 128, 256, 512)
 _module: ModuleType | None = None
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from .flashinfer_kernels import flashinfer_for
+from .flashinfer_kernels import ROPE_HEAD_DIMS, flashinfer_for
 
 
 def apply_rotary_inplace(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -13,7 +13,7 @@ def apply_rotary_inplace(positions: torch.Tensor, query: torch.Tensor, key: torc
     query: [num_tokens, num_q_heads * head_size], key: [num_tokens, num_kv_heads * head_size],
     cos_sin_cache: [max_position, head_size] holding cos in the first half and sin in the second.
     """
-    if (flashinfer := flashinfer_for(query)) is not None:
+    if head_size in ROPE_HEAD_DIMS and (flashinfer := flashinfer_for(query)) is not None:
         flashinfer.apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size,
                                                          cos_sin_cache, is_neox=True)
         return

@@ -8,8 +8,8 @@
 // std::threads, so that __syncthreads() is a real barrier among them. __shared__ becomes
 // `static`: one copy that every thread of the running block sees -- blocks never overlap, so it
 // is exactly a block's shared memory. threadIdx, blockIdx, blockDim and gridDim are per-thread
-// variables set before the kernel body runs. The kernel's own code, index arithmetic included,
-// is what executes.
+// variables set before the kernel body runs. A warp shuffle is an exchange through memory between
+// two barriers (see there). The kernel's own code, index arithmetic included, is what executes.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +74,21 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
 #define blockDim (emulator::block_dim)
 #define gridDim (emulator::grid_dim)
 inline void __syncthreads() { emulator::block_barrier->arrive_and_wait(); }
+
+// `value` as held by the lane whose index differs by `lane_mask` (below 32: the same warp). The
+// barriers are the block's, so every thread of the block must make the call at the same point
+// (uniform control flow, whole warps), where CUDA needs only the lanes named in `mask`. That, and
+// float values, is all the kernels here ask of it.
+inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
+  static float slots[1024];  // one per thread of the running block, as __shared__ would be
+  const unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  slots[me] = value;
+  __syncthreads();
+  const float theirs = slots[me ^ lane_mask];
+  __syncthreads();  // no thread writes its next value before its partner has read this one
+  return theirs;
+}
+
 #define LAUNCH(kernel, grid, block, stream, ...) \
   emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })
 

@@ -17,6 +17,10 @@ import torch
 def best_microseconds(op: Callable[[], object], iters: int, rounds: int,
                       graph: bool = True) -> float:
     """Microseconds per call of op, best of `rounds` runs of `iters` calls."""
+    if iters < 1 or rounds < 1:
+        raise ValueError(f"iters and rounds must be at least 1, not {iters} and {rounds}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("best_microseconds times CUDA events: it needs a GPU")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # first calls build kernels and workspaces, off the graph
