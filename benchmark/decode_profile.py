@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from offline import columns, pad
+from report import columns, pad
 
 CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kernels are not attention
     ("注意力", re.compile(r"BatchDecode|BatchPrefill|MergeStates|fmha|flash_fwd|attention|softmax"

@@ -41,7 +41,6 @@ import json
 import random
 import sys
 import time
-import unicodedata
 from pathlib import Path
 
 import torch
@@ -50,6 +49,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, StoppingCriteria
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from report import columns, machine_line, pad
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_POOL_TOKENS = 16384  # the CPU workload's KV pool: the same tokens at every page size
@@ -67,13 +67,6 @@ CJK_FONTS = ("Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei",
              "WenQuanYi Zen Hei", "Droid Sans Fallback", "Noto Sans CJK JP")
 
 
-def columns(text: str) -> int:
-    """Terminal columns of text: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def pad(text: str, width: int) -> str:
-    return text + " " * max(0, width - columns(text))
 
 
 def workload(num_requests: int, seed: int, vocab: int) -> tuple[list[list[int]], list[int]]:
@@ -166,15 +159,6 @@ def run_transformers(model: str, prompts: list[list[int]], output_lens: list[int
     release_memory()
     return elapsed
 
-
-def machine_line() -> str:
-    """The first line of a recorded run (the same one tools/steps.py writes)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from steps import machine_line as line
-    finally:
-        sys.path.pop(0)
-    return line()
 
 
 def table(report: dict) -> str:

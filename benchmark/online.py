@@ -68,9 +68,10 @@ import subprocess
 import sys
 import threading
 import time
-import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from report import columns, machine_line, pad
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,13 +83,6 @@ GPU_DEFAULTS = dict(num_requests=400, input_len=1024, output_len=256,
 PERCENTILES = (50, 90, 99)
 
 
-def columns(text: str) -> int:
-    """Terminal columns of text: CJK characters take two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-
-
-def pad(text: str, width: int) -> str:
-    return text + " " * max(0, width - columns(text))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -499,15 +493,6 @@ def plot(report: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=150)
 
-
-def machine_line() -> str:
-    """The first line of a recorded run (the same one tools/steps.py writes)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from steps import machine_line as line
-    finally:
-        sys.path.pop(0)
-    return line()
 
 
 # ----------------------------------------------------------------------------------------------

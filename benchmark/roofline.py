@@ -37,7 +37,8 @@ from minisgl.core import Batch, SamplingParams
 from minisgl.engine.engine import Launched
 from minisgl.llm import LLM
 from minisgl.models import ModelConfig
-from offline import official_workload, pad  # benchmark/offline.py
+from offline import official_workload  # benchmark/offline.py
+from report import pad
 
 ROOT = Path(__file__).resolve().parent.parent
 

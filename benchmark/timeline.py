@@ -42,7 +42,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from offline import official_workload, pad, release_memory
+from offline import official_workload, release_memory
+from report import pad
 
 ROOT = Path(__file__).resolve().parent.parent
 Interval = tuple[float, float]  # (start, end) in ms

@@ -3,13 +3,13 @@ plot agree (tiny-qwen3, four requests)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from matplotlib import image
+
+from benchmark_scripts import load_script
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -18,16 +18,7 @@ TINY = ROOT / "models" / "tiny-qwen3"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("offline_bench",
-                                                  ROOT / "benchmark" / "offline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-offline = _load()
+offline = load_script("offline")
 
 
 def assert_png(path: Path) -> None:

@@ -3,13 +3,11 @@ against a real server (tiny-qwen3 on the CPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import random
 import socket
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,21 +15,15 @@ import pytest
 from matplotlib import image
 from transformers import AutoTokenizer
 
+from benchmark_scripts import load_script
+
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "tiny-qwen3"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("online_bench", ROOT / "benchmark" / "online.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-online = _load()
+online = load_script("online")
 WORDS = [f" w{chr(97 + i)}{chr(97 + j)}" for i in range(26) for j in range(26)]
 
 

@@ -5,7 +5,6 @@ minisgl.benchmark.roofline, is test_benchmark.py's (chapter 21)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import sys
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
+from benchmark_scripts import load_script
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -22,21 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "tiny-qwen3"
 
 
-def _load():
-    # roofline.py imports offline.py from beside it, as it does when run as a script.
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    try:
-        spec = importlib.util.spec_from_file_location("roofline_bench",
-                                                      ROOT / "benchmark" / "roofline.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmark"))
-    return module
-
-
-roofline = _load()
+roofline = load_script("roofline")
 
 
 # ----------------------------------------------------------------------------------------------

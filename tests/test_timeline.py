@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from torch.autograd import DeviceType
+
+from benchmark_scripts import load_script
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -18,16 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "tiny-qwen3"
 
 
-def _load():
-    sys.path.insert(0, str(ROOT / "benchmark"))  # it imports offline.py, as a script would
-    spec = importlib.util.spec_from_file_location("timeline", ROOT / "benchmark" / "timeline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-timeline = _load()
+timeline = load_script("timeline")
 
 
 def _has_matplotlib() -> bool:

@@ -1,0 +1,29 @@
+"""What every benchmark script prints alike: columns that line up with Chinese text in them, and
+the machine line that heads a recorded run."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def columns(text: str) -> int:
+    """Terminal columns of text: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - columns(text))
+
+
+def machine_line() -> str:
+    """The first line of a recorded run (the same one tools/steps.py writes)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from steps import machine_line as line
+    finally:
+        sys.path.pop(0)
+    return line()
