@@ -2,8 +2,10 @@
 
 脚本自己把服务器作为子进程启动（--model、--port、--device、--cache-type 等传给它，其余选项用
 --server-args），等它打印 "minisgl: ready"，先发两个预热请求，再对 --rates 里的每个速率回放同一份
-负载：请求的到达间隔服从指数分布（泊松过程，固定种子；inf 表示所有请求同时发出）。客户端是
-openai 包的 AsyncOpenAI，流式请求，每收到一个 token 块记一次时间，于是每个请求都有：
+负载：请求的到达间隔服从指数分布（泊松过程，固定种子；inf 表示所有请求同时发出）。客户端用
+httpx 直接说 OpenAI 的协议（流式请求，server-sent events 一行一个 JSON），每收到一个 token 块记一次
+时间——不用 openai 包：它为每一块构造 pydantic 对象，每秒几千块时客户端进程自己就占满一个核，
+测到的是客户端而不是服务器（第 21 章）。于是每个请求都有：
   TTFT  首 token 时间：从发出请求到收到第一块非空文本；
   ITL   token 间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数；服务器每个
         token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
@@ -68,6 +70,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -341,42 +344,93 @@ class Server:
 # The client
 
 
-def make_client(base_url: str):
-    import httpx
-    import openai
-
-    # No retries (a retried request would hide a failure and skew its latency), no timeout
-    # (a long queue at rate inf is what we measure), and no cap on connections: openai's
-    # default of 1,000 would queue requests in the client, where the server cannot see them.
-    http = openai.DefaultAsyncHttpxClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
-    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0,
-                              timeout=httpx.Timeout(None), http_client=http)
+Chunk = tuple[str | None, dict | None]  # a chunk of a stream: its text, and usage when it has it
 
 
-async def send(client, model: str, request: Request, result: Result, start: float) -> None:
+class HttpxClient:
+    """The OpenAI wire protocol read directly: server-sent events, one JSON object a line. The
+    openai package's client (OpenAIClient) builds pydantic objects for every chunk; at a few
+    thousand chunks a second that costs the client process a whole core (measured on CPU: 180 to
+    290 us a chunk, against 13 to 22 us to read the lines), and the client sets the pace."""
+
+    def __init__(self, base_url: str) -> None:
+        import httpx
+
+        # No cap on connections (httpx's default of 100 would queue requests in the client,
+        # where the server cannot see them), no timeout (a long queue at rate inf is what we
+        # measure), and no retries (a retried request would hide a failure and its latency).
+        self.http = httpx.AsyncClient(base_url=f"{base_url}/v1", timeout=None,
+                                      limits=httpx.Limits(max_connections=None,
+                                                          max_keepalive_connections=None))
+
+    async def chunks(self, body: dict, chat: bool) -> AsyncIterator[Chunk]:
+        """(text, usage) of each chunk of the stream, as it arrives."""
+        path = "/chat/completions" if chat else "/completions"
+        async with self.http.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")
+                raise RuntimeError(f"HTTP {response.status_code}: {detail[:300]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                first = (chunk.get("choices") or [{}])[0]  # one choice: we never ask for n > 1
+                text = first.get("delta", {}).get("content") if chat else first.get("text")
+                yield text, chunk.get("usage")
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class OpenAIClient:
+    """The same requests through the openai package's AsyncOpenAI (--client openai)."""
+
+    def __init__(self, base_url: str) -> None:
+        import httpx
+        import openai
+
+        http = openai.DefaultAsyncHttpxClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+        self.openai = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none",
+                                         max_retries=0, timeout=httpx.Timeout(None),
+                                         http_client=http)
+
+    async def chunks(self, body: dict, chat: bool) -> AsyncIterator[Chunk]:
+        fields = {k: v for k, v in body.items() if k != "ignore_eos"}
+        create = self.openai.chat.completions.create if chat else self.openai.completions.create
+        async for chunk in await create(**fields, extra_body={"ignore_eos": True}):
+            text = next((c.delta.content if chat else c.text for c in chunk.choices), None)
+            usage = chunk.usage and {"prompt_tokens": chunk.usage.prompt_tokens,
+                                     "completion_tokens": chunk.usage.completion_tokens}
+            yield text, usage
+
+    async def close(self) -> None:
+        await self.openai.close()
+
+
+CLIENTS = {"httpx": HttpxClient, "openai": OpenAIClient}
+
+
+async def send(client: HttpxClient | OpenAIClient, model: str, request: Request, result: Result,
+               start: float) -> None:
     """One streaming request; fills `result`. Times are taken when each chunk arrives."""
-    fields = dict(model=model, max_tokens=request.output_len, temperature=0.0, stream=True,
-                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chat = not isinstance(request.prompt, str)
+    body = {"model": model, "max_tokens": request.output_len, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+            "messages" if chat else "prompt": request.prompt}
     sent = time.perf_counter()
     result.sent, result.requested_tokens = sent - start, request.output_len
     chunk_times: list[float] = []
     try:
-        if isinstance(request.prompt, str):
-            stream = await client.completions.create(prompt=request.prompt, **fields)
-        else:
-            stream = await client.chat.completions.create(messages=request.prompt, **fields)
-        async for chunk in stream:
+        async for text, usage in client.chunks(body, chat):
             now = time.perf_counter()
-            if chunk.usage is not None:
-                result.prompt_tokens = chunk.usage.prompt_tokens
-                result.output_tokens = chunk.usage.completion_tokens
-            for choice in chunk.choices:
-                # A chat stream opens with a chunk that names the role only, and every stream
-                # ends with an empty one carrying finish_reason: neither is a token.
-                text = choice.delta.content if hasattr(choice, "delta") else choice.text
-                if text:
-                    chunk_times.append(now)
+            if usage:
+                result.prompt_tokens = usage["prompt_tokens"]
+                result.output_tokens = usage["completion_tokens"]
+            # A chat stream opens with a chunk that names the role only, and every stream ends
+            # with an empty one carrying finish_reason: neither is a token.
+            if text:
+                chunk_times.append(now)
         end = time.perf_counter()
     except Exception as e:  # noqa: BLE001 - a failed request is a result too
         result.error = f"{type(e).__name__}: {e}"
@@ -389,13 +443,13 @@ async def send(client, model: str, request: Request, result: Result, start: floa
     result.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:])]
 
 
-async def replay(base_url: str, model: str, requests: list[Request], arrivals: list[float],
-                 label: str) -> tuple[list[Result], float]:
+async def replay(client_kind: str, base_url: str, model: str, requests: list[Request],
+                 arrivals: list[float], label: str) -> tuple[list[Result], float]:
     """Send each request at its arrival time (and not before its previous turn ended);
     the results, and the seconds from the first arrival to the last answer."""
     from tqdm import tqdm
 
-    client = make_client(base_url)
+    client = CLIENTS[client_kind](base_url)
     results = [Result(i, arrival=t) for i, t in enumerate(arrivals)]
     finished = [asyncio.Event() for _ in requests]
     bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=False,
@@ -421,11 +475,11 @@ async def replay(base_url: str, model: str, requests: list[Request], arrivals: l
     return results, duration
 
 
-async def warm_up(base_url: str, model: str, words: list[str]) -> None:
+async def warm_up(client_kind: str, base_url: str, model: str, words: list[str]) -> None:
     """Two short requests at once: the first forward passes (and a first batch of two) are
     slow for reasons no rate should be charged for."""
     rng = random.Random("warm-up")
-    client = make_client(base_url)
+    client = CLIENTS[client_kind](base_url)
     try:
         results = [Result(i) for i in range(2)]
         await asyncio.gather(*(send(client, model, Request(random_text(rng, words, 16), 4), r, 0.0)
@@ -519,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per second, each a run of its own; inf sends all at once "
                         "(default: 1 4 inf on the CPU, 8 16 32 inf on cuda)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client", choices=list(CLIENTS), default="httpx",
+                   help="httpx reads the event stream itself; openai is the openai package's "
+                        "AsyncOpenAI, which costs the client far more CPU per chunk")
     g = p.add_argument_group("random workload")
     g.add_argument("--num-requests", type=int, default=None, help="default: 16 CPU, 400 cuda")
     g.add_argument("--input-len", type=int, default=None,
@@ -622,12 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
 
     def measure(base_url: str, cache: str | None) -> None:
-        asyncio.run(warm_up(base_url, model_name, words))
+        asyncio.run(warm_up(args.client, base_url, model_name, words))
         for round_, rate in enumerate(args.rates):
             requests = workload(round_)
             label = (f"{cache} · " if len(cache_types) > 1 else "") + f"速率 {rate_label(rate)}"
             arrivals = arrival_times(len(requests), rate, args.seed)
-            results, duration = asyncio.run(replay(base_url, model_name, requests, arrivals, label))
+            results, duration = asyncio.run(replay(args.client, base_url, model_name, requests,
+                                                   arrivals, label))
             run = {"label": label, "round": round_, "cache_type": cache,
                    "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
                    "requests": [asdict(r) for r in results]}
