@@ -229,6 +229,22 @@ def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, caps
     assert run["output_throughput"] > 0
 
 
+@pytest.mark.parametrize("client", ["httpx", "openai"])
+def test_each_client_reads_chat_streams_to_the_exact_length(tmp_path, capsys, client):
+    """The chat path (shared-prefix), through our event-stream reader and through the openai
+    package's client: both count the same tokens the server says it sent."""
+    out = tmp_path / "online.json"
+    code = online.main(["--model", str(TINY), "--workload", "shared-prefix", "--num-users", "2",
+                        "--turns", "2", "--system-len", "16", "--turn-len", "4",
+                        "--output-len", "6", "--rates", "inf", "--port", str(free_port()),
+                        "--device", "cpu", "--client", client, "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    [run] = json.loads(out.read_text(encoding="utf-8"))["runs"]
+    assert (run["completed"], run["failed"]) == (4, 0)
+    assert run["exact_output_lengths"] and run["output_tokens"] == 4 * 6
+    assert all(r["ttft"] > 0 and r["itl"] for r in run["requests"])
+
+
 def test_a_server_that_cannot_start_fails_the_run_with_its_message(capsys):
     code = online.main(["--model", str(TINY), "--num-requests", "1", "--rates", "1",
                         "--device", "cpu", "--server-args", "--tp 0"])
