@@ -49,7 +49,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, StoppingCriteria
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
-from report import columns, machine_line, pad
+from report import columns, machine_line, pad, save
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_POOL_TOKENS = 16384  # the CPU workload's KV pool: the same tokens at every page size
@@ -334,13 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     elif (report := measure(parser, args, sys.argv[1:] if argv is None else argv)) is None:
         return 1
     print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n",
-                                   encoding="utf-8")
-        print(f"JSON：{args.json}")
-    if args.plot:
-        plot(report, args.plot)
-        print(f"图：{args.plot}")
+    save(report, args.json, args.plot, plot)
     return 0
 
 

@@ -74,7 +74,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from report import columns, machine_line, pad
+from report import columns, machine_line, pad, save
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -761,13 +761,7 @@ def main(argv: list[str] | None = None) -> int:
               "options": {k: (list(map(str, v)) if k == "rates" else v)
                           for k, v in vars(args).items()},
               "runs": runs}
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n",
-                                   encoding="utf-8")
-        print(f"JSON：{args.json}")
-    if args.plot:
-        plot(report, args.plot)
-        print(f"图：{args.plot}")
+    save(report, args.json, args.plot, plot)
     return 0 if all(run["failed"] == 0 for run in runs) else 1
 
 

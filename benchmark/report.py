@@ -1,10 +1,12 @@
-"""What every benchmark script prints alike: columns that line up with Chinese text in them, and
-the machine line that heads a recorded run."""
+"""What every benchmark script prints alike: columns that line up with Chinese text in them, the
+machine line that heads a recorded run, and the --json / --plot outputs."""
 
 from __future__ import annotations
 
+import json
 import sys
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,3 +29,15 @@ def machine_line() -> str:
     finally:
         sys.path.pop(0)
     return line()
+
+
+def save(report: dict, json_path: str | None, plot_path: str | None,
+         plot: Callable[[dict, str], None]) -> None:
+    """--json, then --plot: the numbers are on disk before a plot can fail."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n",
+                                   encoding="utf-8")
+        print(f"JSON：{json_path}")
+    if plot_path:
+        plot(report, plot_path)
+        print(f"图：{plot_path}")

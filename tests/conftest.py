@@ -137,6 +137,22 @@ def _hf_greedy(hf: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int) 
     return out[0, len(prompt_ids):].tolist()
 
 
+def greedy_by_tp(path: Path, prompts: list[list[int]], params, options: dict,
+                 tp_sizes: tuple[int, ...] = (1, 2)) -> dict[int, list[list[int]]]:
+    """Our float32 greedy tokens for every prompt at each tensor-parallel size: one generate
+    over all the prompts (a batch of several requests), one LLM at a time."""
+    from minisgl.llm import LLM  # chapter 11 on; conftest is in every chapter's tree
+
+    tokens = {}
+    for tp in tp_sizes:
+        llm = LLM(str(path), dtype=torch.float32, tp_size=tp, **options)
+        try:
+            tokens[tp] = [o["token_ids"] for o in llm.generate(prompts, params)]
+        finally:
+            llm.shutdown()
+    return tokens
+
+
 @pytest.fixture(scope="session")
 def hf_greedy() -> Callable[[torch.nn.Module, list[int], int], list[int]]:
     """hf_greedy(hf, prompt_ids, n) -> the n tokens transformers' greedy generate appends,

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import MODELS_DIR, TINY_QWEN3, TINY_QWEN3_MOE
+from conftest import MODELS_DIR, TINY_QWEN3, TINY_QWEN3_MOE, greedy_by_tp
 from minisgl.core import Context, SamplingParams, set_global_ctx
 from minisgl.distributed import TPInfo, set_tp_info
 from minisgl.layers import MoE
@@ -44,18 +44,10 @@ E, K, I, H = 8, 2, 32, 128  # tiny-qwen3-moe: experts, top_k, moe_intermediate_s
 def runs(hf_model, hf_tokenizer, hf_greedy) -> dict:
     """16 greedy tokens for every prompt: transformers', and ours at TP=1 and TP=2 (one
     generate over all four prompts, so the experts see batches of several requests)."""
-    from minisgl.llm import LLM
-
     prompts = [hf_tokenizer(TINY_QWEN3_MOE)(p).input_ids for p in PROMPTS]
     hf = hf_model(TINY_QWEN3_MOE)
-    out: dict = {"hf": [hf_greedy(hf, ids, GREEDY.max_tokens) for ids in prompts]}
-    for tp in (1, 2):
-        llm = LLM(str(MODELS_DIR / TINY_QWEN3_MOE), dtype=torch.float32, tp_size=tp, **OPTIONS)
-        try:
-            out[tp] = [o["token_ids"] for o in llm.generate(prompts, GREEDY)]
-        finally:
-            llm.shutdown()
-    return out
+    return {"hf": [hf_greedy(hf, ids, GREEDY.max_tokens) for ids in prompts],
+            **greedy_by_tp(MODELS_DIR / TINY_QWEN3_MOE, prompts, GREEDY, OPTIONS)}
 
 
 def test_tiny_qwen3_moe_greedy_equals_transformers(runs):

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 import minisgl.utils.device as device_module
 from conftest import (MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3,
-                      reference_cpu_threads)
+                      greedy_by_tp, reference_cpu_threads)
 from minisgl.core import SamplingParams
 from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_info,
                                  init_distributed, set_tp_info)
@@ -112,18 +112,10 @@ def test_smollm2_tp3_greedy_equals_tp1(smollm2):
 @pytest.fixture(scope="module", params=[TINY_QWEN2, TINY_MISTRAL])
 def against_hf(request, hf_model, hf_tokenizer, hf_greedy) -> dict:
     """One model's 16 greedy tokens for every prompt: transformers', and ours at TP=1 and 2."""
-    from minisgl.llm import LLM
-
     name, greedy = request.param, SamplingParams(max_tokens=16, ignore_eos=True)
     prompts = [hf_tokenizer(name)(p).input_ids for p in PROMPTS]
-    runs: dict = {"hf": [hf_greedy(hf_model(name), ids, greedy.max_tokens) for ids in prompts]}
-    for tp in (1, 2):
-        llm = LLM(str(MODELS_DIR / name), dtype=torch.float32, tp_size=tp, **OPTIONS)
-        try:
-            runs[tp] = [o["token_ids"] for o in llm.generate(prompts, greedy)]
-        finally:
-            llm.shutdown()
-    return runs
+    return {"hf": [hf_greedy(hf_model(name), ids, greedy.max_tokens) for ids in prompts],
+            **greedy_by_tp(MODELS_DIR / name, prompts, greedy, OPTIONS)}
 
 
 def test_tiny_qwen2_and_mistral_equal_transformers_at_tp1_and_tp2(against_hf):
