@@ -45,6 +45,16 @@ def assert_same_up_to_near_ties(path: Path, prompts: list[str], expected: list[l
         assert gap < NEAR_TIE, (label, prompt, first, gap)
 
 
+def require_weights(path: Path) -> Path:
+    """`path`, or a skip: a checkpoint too large to carry to a GPU machine may be absent there
+    (its config and tokenizer travel, its weights do not)."""
+    import pytest
+
+    if not any(path.glob("*.safetensors")):
+        pytest.skip(f"{path.name}'s weights are not on this machine")
+    return path
+
+
 def gpu_model(models_dir: Path) -> Path:
     """A checkpoint FlashInfer runs (head_dim 64 or 128) for tests that need no transformers
     reference: SmolLM2 where its weights are, else the random Qwen3-0.6B-shaped model

@@ -84,11 +84,19 @@ def wait_all_gone(pids: list[int], timeout: float) -> list[int]:
     return alive
 
 
+def modified_since(path: str, since: float) -> bool:
+    try:
+        return os.stat(path).st_mtime >= since
+    except FileNotFoundError:  # removed between listing and looking
+        return False
+
+
 class Child:
     """A subprocess whose output a thread reads into `lines`, so the pipe never fills up and
     the test can wait for a given line."""
 
     def __init__(self, argv: list[str], stdin: bool = False) -> None:
+        self.started = time.time()
         self.popen = subprocess.Popen(
             argv, cwd=ROOT, env=minisgl_env(), text=True, bufsize=1,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -147,8 +155,10 @@ class Child:
         return self.wait(timeout)
 
     def socket_files(self) -> list[str]:
-        """The IPC socket files of this launcher's run (their names start with its pid)."""
-        return glob.glob(os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*"))
+        """The IPC socket files of this launcher's run: their names start with its pid, and
+        they are newer than it (an earlier process with the same pid may have left some)."""
+        pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.pid}-*")
+        return [p for p in glob.glob(pattern) if modified_since(p, self.started)]
 
 
 def run_example(name: str, timeout: float = 300.0) -> str:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import SMOLLM2
-from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends
+from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends, require_weights
 from minisgl.core import SamplingParams
 from minisgl.engine.graph import CudaGraph
 from minisgl.llm import LLM
@@ -61,8 +61,6 @@ def test_replayed_decode_gives_the_eager_tokens(models_dir, name):
     """Greedy bfloat16 tokens with graphs equal those without, up to near ties: a graph's
     FlashInfer decode is planned for CUDA graphs (the KV split into chunks whatever the batch),
     so its sums may run in another order than the eager kernel's."""
-    path = models_dir / SMOLLM2
-    if not (path / "model.safetensors").is_file():
-        pytest.skip("SmolLM2's weights are not on this machine")
+    path = require_weights(models_dir / SMOLLM2)
     assert_same_up_to_near_ties(path, PROMPTS * 3, generate(path, name, "off"),
                                 generate(path, name, "auto"), f"{name} graphs")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import SMOLLM2
-from gpu_helpers import PROMPTS
+from gpu_helpers import PROMPTS, require_weights
 from minisgl.core import SamplingParams
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
@@ -80,9 +80,7 @@ def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, name, dtype
     change, and both are exact, so even in bfloat16 the tokens must be identical, not merely
     close. tiny-qwen3 runs all three kernels, in float32, where the fused norm is within 1e-5
     of the reference: its tokens must be identical too."""
-    path = models_dir / name
-    if not any(path.glob("*.safetensors")):
-        pytest.skip(f"{name}'s weights are not on this machine")
+    path = require_weights(models_dir / name)
     outs = {}
     for mode in ("off", "auto"):
         llm = LLM(str(path), dtype=dtype, custom_kernels=mode, max_running_req=8,

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import SMOLLM2
-from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends, gpu_model
+from gpu_helpers import (PROMPTS, assert_same_up_to_near_ties, backends, gpu_model,
+                         require_weights)
 from minisgl.attention import TorchAttentionBackend, create_attention_backend
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -83,9 +84,7 @@ def generate(path, attn: str, page_size: int) -> list[list[int]]:
 def test_same_greedy_tokens_as_torch_backend(models_dir, page_size):
     """SmolLM2 in bfloat16: each backend's greedy tokens equal the torch backend's, up to near
     ties (gpu_helpers.assert_same_up_to_near_ties)."""
-    path = models_dir / SMOLLM2
-    if not (path / "model.safetensors").is_file():
-        pytest.skip("SmolLM2's weights are not on this machine")
+    path = require_weights(models_dir / SMOLLM2)
     expected = generate(path, "torch", page_size)
     for name in backends():
         assert_same_up_to_near_ties(path, PROMPTS, expected, generate(path, name, page_size),

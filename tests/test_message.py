@@ -1,5 +1,6 @@
 """Chapter 12: every message round-trips through msgpack and through real ZMQ sockets."""
 
+import os
 import subprocess
 import sys
 
@@ -111,6 +112,18 @@ def test_get_returns_none_after_the_timeout():
         assert inbox.get(timeout_ms=50) is None
     finally:
         inbox.close()
+
+
+def test_close_removes_the_socket_file_only_on_the_binding_side():
+    address = ipc_address(new_run_id(), "file")
+    path = address.removeprefix("ipc://")
+    inbox = PullQueue(address, bind=True, decode=decode)
+    out = PushQueue(address, bind=False, encode=encode)
+    assert os.path.exists(path)
+    out.close()
+    assert os.path.exists(path)  # the connecting side has no file of its own
+    inbox.close()
+    assert not os.path.exists(path)
 
 
 def test_put_raw_forwards_bytes_unchanged_to_every_subscriber():

@@ -6,6 +6,7 @@ ranks, and PUB/SUB queues that never drop a frame."""
 from __future__ import annotations
 
 import inspect
+import os
 import random
 import threading
 import time
@@ -331,13 +332,6 @@ def two_ranks() -> tuple[SchedulerIO, SchedulerIO, PushQueue]:
     return rank0, rank1, PushQueue(addresses["inbox"], bind=False, encode=encode)
 
 
-def close(*ios: SchedulerIO) -> None:
-    for io in ios:
-        for name in ("inbox", "broadcast", "acks", "subscription", "reply"):
-            if getattr(io, name, None) is not None:
-                getattr(io, name).close()
-
-
 def wire(messages: list) -> list[bytes]:
     return [encode(m) for m in messages]
 
@@ -363,7 +357,8 @@ def test_rank_1_gets_rank_0s_messages_frame_for_frame_even_empty_ones():
         assert not rank1.subscription._socket.poll(100)  # exactly one frame per iteration
     finally:
         tokenizer.close()
-        close(rank0, rank1)
+        rank0.close()
+        rank1.close()
 
 
 # --------------------------------------------------------------------------- real processes
@@ -407,6 +402,7 @@ class ProcessRun:
     ranks: list[Collector]
     tokens_before_abort: int = 0
     exit_codes: list = field(default_factory=list)
+    socket_files_left: list = field(default_factory=list)  # the ranks' own, after they exit
 
 
 def rank_args(rank: int, world_size: int = 2) -> dict:
@@ -464,6 +460,8 @@ def process_run() -> Iterator[ProcessRun]:
         for p in processes:
             p.join(timeout=60)
         run.exit_codes = [p.exitcode for p in processes]
+        run.socket_files_left = [a for a in (inbox, broadcast, acks)
+                                 if os.path.exists(a.removeprefix("ipc://"))]
         yield run
     finally:
         stop_processes(processes)
@@ -521,6 +519,10 @@ def test_a_too_long_prompt_gets_an_error_and_the_next_request_is_served(process_
 
 def test_exit_msg_ends_both_ranks_with_code_0(process_run):
     assert process_run.exit_codes == [0, 0]
+
+
+def test_ranks_remove_the_socket_files_they_bound_when_they_exit(process_run):
+    assert process_run.socket_files_left == []
 
 
 # --------------------------------------------------------------------------- PUB/SUB backlog
@@ -598,6 +600,7 @@ def test_zmq_default_high_water_mark_drops_frames_silently():
     finally:
         pub.close()
         sub.close()
+        os.unlink(address.removeprefix("ipc://"))  # a raw ZMQ socket leaves its file behind
 
 
 # --- the chapter's example ---

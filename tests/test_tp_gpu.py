@@ -10,6 +10,7 @@ from minisgl.core import SamplingParams
 from minisgl.distributed import (TorchDistributed, TPInfo, destroy_distributed, get_comm,
                                  init_distributed)
 from minisgl.llm import LLM
+from gpu_helpers import require_weights
 from minisgl.utils.process import free_tcp_port
 from processes import Child
 
@@ -45,7 +46,7 @@ def test_nccl_collectives_at_world_size_one():
 
 @pytest.mark.parametrize("model", ["tiny_qwen3_path", "smollm2_path"])
 def test_nccl_world_size_one_generates_the_same_tokens(model, request):
-    path = str(request.getfixturevalue(model))
+    path = str(require_weights(request.getfixturevalue(model)))
     plain = _tokens(LLM(path, device="cuda", **ARGS))
     nccl = _tokens(LLM(path, device="cuda", dist_init_address=f"tcp://127.0.0.1:{free_tcp_port()}",
                        **ARGS))

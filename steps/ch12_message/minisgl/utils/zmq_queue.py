@@ -11,6 +11,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import zmq
@@ -41,9 +42,14 @@ class _Queue(Generic[T]):
             self._socket.setsockopt(zmq.RCVHWM, 0)
         (self._socket.bind if bind else self._socket.connect)(address)
         self.address = address
+        self._bound = bind
 
     def close(self) -> None:
         self._socket.close()
+        # ZMQ leaves a bound IPC socket's file behind (it removes it on unbind only), and the
+        # run id in its name means nobody will use it again.
+        if self._bound and self.address.startswith("ipc://"):
+            Path(self.address.removeprefix("ipc://")).unlink(missing_ok=True)
 
 
 class _Sender(_Queue[T]):

@@ -70,6 +70,7 @@ def run_tokenizer(*, model_path: str, inbox: str, bind_inbox: bool, scheduler: s
         while len(messages) < MAX_DRAIN and (more := receive.get(timeout_ms=0)) is not None:
             messages += unbatch(more)
         if any(isinstance(m, ExitMsg) for m in messages):
+            receive.close()  # the socket file goes too, if this process bound it
             return
         out = worker.handle(messages)
         if out.to_scheduler:

@@ -8,6 +8,7 @@ sends results; the other ranks' results are the same and go nowhere.
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
 
@@ -46,6 +47,12 @@ class SchedulerIO:
         else:
             self.subscription = SubQueue(broadcast, bind=False, decode=decode)
             self.acks = PushQueue(acks, bind=False, encode=encode)
+
+    def close(self) -> None:
+        """Close this rank's queues; the ones it bound remove their socket files."""
+        for name in ("reply", "inbox", "broadcast", "acks", "subscription"):
+            if (queue := getattr(self, name, None)) is not None:
+                queue.close()
 
     def handshake(self) -> None:
         """Returns once every rank is sure to receive every later frame."""
@@ -144,11 +151,12 @@ def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: 
     scheduler = Scheduler(config)
     try:
         io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
-        io.handshake()
-        status.ready({"max_seq_len": scheduler.engine.max_seq_len})
-        loop = SchedulerLoop(scheduler, io)
-        while loop.run_once():
-            pass
+        with closing(io):
+            io.handshake()
+            status.ready({"max_seq_len": scheduler.engine.max_seq_len})
+            loop = SchedulerLoop(scheduler, io)
+            while loop.run_once():
+                pass
     finally:
         scheduler.engine.close()  # its process group too
 
