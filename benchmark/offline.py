@@ -25,10 +25,10 @@ page-1 / page-16 / page-256（改 page_size；与负载默认值相同的那一�
 
     python benchmark/offline.py                # CPU
     python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random
-    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --tp 1 2 \
+    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --tp 1 2 \\
         --skip-transformers
-    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --attn fa \
-        --ablate overlap cuda-graph custom-kernels radix page-1 page-16 \
+    python benchmark/offline.py --device cuda --model models/qwen3-0.6b-random --attn fa \\
+        --ablate overlap cuda-graph custom-kernels radix page-1 page-16 \\
         --json offline.json --plot offline.png
     python benchmark/offline.py --from-json offline.json --plot offline.png
 """

@@ -45,7 +45,7 @@ CPU 上服务器的 PyTorch 线程数默认由引擎决定（每个物理核一�
     python benchmark/online.py                                   # CPU，random 负载
     python benchmark/online.py --rates 1 inf --num-requests 8
     python benchmark/online.py --workload shared-prefix --compare-cache
-    python benchmark/online.py --device cuda --model models/qwen3-0.6b-random --json online.json \
+    python benchmark/online.py --device cuda --model models/qwen3-0.6b-random --json online.json \\
         --plot online.png
     python benchmark/online.py --url http://127.0.0.1:30000 --model PATH   # 测一个已经在跑的服务器
 

@@ -16,10 +16,10 @@ temperature 0.6，ignore_eos），或 --workload random（--prompt-len 个随机
 真正的图要在 GPU 上跑。没有 CUDA 时脚本照样从头跑到尾（用于测试）：那时前向在主机上同步执行，
 “设备”一栏画的是模型前向在 CPU 上的区间，没有什么可以重叠。
 
-    python benchmark/timeline.py --device cuda --model models/qwen3-0.6b-random \
+    python benchmark/timeline.py --device cuda --model models/qwen3-0.6b-random \\
         --json timeline.json --plot timeline.png
     python benchmark/timeline.py --from-json timeline.json --plot timeline.png   # 只重画
-    python benchmark/timeline.py --device cpu --model models/tiny-qwen3 --workload random \
+    python benchmark/timeline.py --device cpu --model models/tiny-qwen3 --workload random \\
         --batch 4 --prompt-len 16 --steps 4
 """
 
