@@ -4,16 +4,20 @@
 --server-args），等它打印 "minisgl: ready"，先发两个预热请求，再对 --rates 里的每个速率回放同一份
 负载：请求的到达间隔服从指数分布（泊松过程，固定种子；inf 表示所有请求同时发出）。客户端用
 httpx 直接说 OpenAI 的协议（流式请求，server-sent events 一行一个 JSON），每收到一个 token 块记一次
-时间——不用 openai 包：它为每一块构造 pydantic 对象，每秒几千块时客户端进程自己就占满一个核，
-测到的是客户端而不是服务器（第 21 章）。于是每个请求都有：
+时间——默认不用 openai 包：它为每一块构造 pydantic 对象，每秒几千块时客户端进程可能先于服务器
+到顶，测到的就是客户端（第 21 章；benchmark/client_cost.py 单独量两个客户端每块的 CPU）。
+于是每个请求都有：
   TTFT  首 token 时间：从发出请求到收到第一块非空文本；
   ITL   token 间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数；服务器每个
         token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
   E2E   端到端延迟：从发出请求到流结束。
 每个速率报告请求吞吐（完成的请求数 / 用时）、输出 token/s，以及三种延迟的 p50 / p90 / p99，打成
-一张表；--json PATH 另存 JSON（含每个请求的记录），--plot PATH 把同样的结果画成 PNG：TTFT、ITL、
-E2E 的 p50（实线）与 p99（虚线）随请求速率的变化，--compare-cache 时 radix、naive 各一条。终端上
-每个速率显示一个进度条（按完成的请求）。结束时（包括 Ctrl-C 和出错）停掉服务器及其全部子进程。
+一张表；另一张表是每个进程在这段时间里用的 CPU（客户端自己，以及服务器的启动者即 API Server、
+各 rank 的调度器、tokenizer，从 /proc 读，精度 10 毫秒）：占一个核的比例和每个输出 token 的微秒数——
+单线程的 Python 进程占满一个核，它就是上限（GPU 上调度器等同步时，CUDA 默认可能自旋等待，
+它的占用会偏高）。--json PATH 另存 JSON（含每个请求的记录），--plot PATH 把同样的结果画成 PNG：
+TTFT、ITL、E2E 的 p50（实线）与 p99（虚线）随请求速率的变化，--compare-cache 时 radix、naive 各
+一条。终端上每个速率显示一个进度条（按完成的请求）。结束时（包括 Ctrl-C 和出错）停掉服务器及其全部子进程。
 
 两种负载：
 - random（默认）：随机文本走 /v1/completions。提示词由"一个词正好是一个 token"的英文词拼成，
@@ -73,8 +77,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from process_cpu import server_processes, snapshot
 from report import columns, machine_line, pad, save
+
+if TYPE_CHECKING:
+    import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -350,16 +359,18 @@ Chunk = tuple[str | None, dict | None]  # a chunk of a stream: its text, and usa
 class HttpxClient:
     """The OpenAI wire protocol read directly: server-sent events, one JSON object a line. The
     openai package's client (OpenAIClient) builds pydantic objects for every chunk; at a few
-    thousand chunks a second that costs the client process a whole core (measured on CPU: 180 to
-    290 us a chunk), and the client, not the server, sets the pace (chapter 21)."""
+    thousand chunks a second a one-process client may reach its core's limit before the server
+    does, and then it is the client that is measured (chapter 21)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
         import httpx
 
+        # `transport` replaces the network (client_cost.py feeds a stream from memory).
         # No cap on connections (httpx's default of 100 would queue requests in the client,
         # where the server cannot see them), no timeout (a long queue at rate inf is what we
         # measure), and no retries (a retried request would hide a failure and its latency).
         self.http = httpx.AsyncClient(base_url=f"{base_url}/v1", timeout=None,
+                                      transport=transport,
                                       limits=httpx.Limits(max_connections=None,
                                                           max_keepalive_connections=None))
 
@@ -385,11 +396,12 @@ class HttpxClient:
 class OpenAIClient:
     """The same requests through the openai package's AsyncOpenAI (--client openai)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
         import httpx
         import openai
 
         http = openai.DefaultAsyncHttpxClient(
+            transport=transport,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         self.openai = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none",
                                          max_retries=0, timeout=httpx.Timeout(None),
@@ -504,6 +516,30 @@ def fmt_triple(s: dict, scale: float = 1.0, digits: int = 0) -> str:
     return "/".join(f"{s[f'p{p}'] * scale:.{digits}f}" for p in PERCENTILES)
 
 
+CLIENT = "客户端（本进程）"
+
+
+def cpu_table(runs: list[dict]) -> str:
+    """Each process's CPU over each run: the share of one core it used (CPU seconds / the run's
+    seconds; 1.0 is a whole core, more only for a process with several busy threads) and its
+    CPU microseconds per output token."""
+    names = list(dict.fromkeys(name for run in runs for name in run["cpu_s"]))
+    rows = [["每个进程的 CPU：占一个核 · 微秒/输出 token", *names]]
+    for run in runs:
+        cells = [run["label"]]
+        for name in names:
+            seconds = run["cpu_s"].get(name)
+            if seconds is None or run["duration_s"] <= 0:
+                cells.append("—")
+                continue
+            per_token = seconds / run["output_tokens"] * 1e6 if run["output_tokens"] else 0.0
+            cells.append(f"{seconds / run['duration_s']:.2f} · {per_token:,.0f}")
+        rows.append(cells)
+    widths = [max(columns(row[i]) for row in rows) + 2 for i in range(len(rows[0]))]
+    return "\n".join("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
 def table(runs: list[dict]) -> str:
     head = ["", "完成", "用时", "请求/s", "输出 token/s", "TTFT ms p50/90/99",
             "ITL ms p50/90/99", "E2E s p50/90/99"]
@@ -551,6 +587,11 @@ def plot(report: dict, path: str) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # Main
+
+
+def tp_size(argv: list[str]) -> int:
+    """The server's TP size (its number of scheduler processes) from its command line."""
+    return int(argv[argv.index("--tp") + 1]) if "--tp" in argv else 1
 
 
 def server_argv(args: argparse.Namespace, cache_type: str, port: int) -> list[str]:
@@ -678,17 +719,20 @@ def main(argv: list[str] | None = None) -> int:
     cache_types = ["radix", "naive"] if args.compare_cache else [args.cache_type]
     runs: list[dict] = []
 
-    def measure(base_url: str, cache: str | None) -> None:
+    def measure(base_url: str, cache: str | None, processes: dict[str, int]) -> None:
         asyncio.run(warm_up(args.client, base_url, model_name, words))
         for round_, rate in enumerate(args.rates):
             requests = workload(round_)
             label = (f"{cache} · " if len(cache_types) > 1 else "") + f"速率 {rate_label(rate)}"
             arrivals = arrival_times(len(requests), rate, args.seed)
+            before, client = snapshot(processes), time.process_time()
             results, duration = asyncio.run(replay(args.client, base_url, model_name, requests,
                                                    arrivals, label))
+            client, after = time.process_time() - client, snapshot(processes)
+            cpu = {CLIENT: client, **{n: after[n] - before[n] for n in after if n in before}}
             run = {"label": label, "round": round_, "cache_type": cache,
                    "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
-                   "requests": [asdict(r) for r in results]}
+                   "cpu_s": cpu, "requests": [asdict(r) for r in results]}
             runs.append(run)
             failed = [r for r in results if not r.ok]
             print(f"  ……{label}：{duration:.1f}s，完成 {run['completed']}/{len(results)}"
@@ -710,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             except (httpx.HTTPError, ValueError) as e:
                 raise RuntimeError(f"{args.url} 没有回答 /v1/models：{e}") from None
             model_name = models["data"][0]["id"]
-            measure(args.url.rstrip("/"), None)
+            measure(args.url.rstrip("/"), None, {})
         for cache in ([] if args.url else cache_types):
             port = args.port or free_port()
             argv_ = server_argv(args, cache, port)
@@ -722,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait_ready(args.startup_timeout)
                 print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,
                       flush=True)
-                measure(server.url, cache)
+                measure(server.url, cache, server_processes(server.popen.pid, tp_size(argv_)))
                 if not server.alive():
                     raise RuntimeError(f"服务器在测量中退出了：\n{server.tail()}")
             finally:
@@ -745,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Measured server by server; shown rate by rate, so that the caches stand side by side.
     print(table(sorted(runs, key=lambda run: run["round"])))
+    print(cpu_table(sorted(runs, key=lambda run: run["round"])))
     if args.compare_cache:  # radix against naive at each rate, in one line each
         for round_, rate in enumerate(args.rates):
             radix, naive = (next(r for r in runs if r["round"] == round_ and r["cache_type"] == c)

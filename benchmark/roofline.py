@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bandwidth", type=float, default=H200_HBM_BANDWIDTH,
                         help=f"bytes/s (default: H200 HBM3e spec; {H200_COPY_BANDWIDTH:.1e} is "
-                             f"what a copy achieves)")
+                             f"an assumed copy rate)")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK,
                         help="FLOP/s (default: H200 dense bf16 spec)")
     parser.add_argument("--json", metavar="PATH", help="write every number here")

@@ -2,7 +2,8 @@
 
 - align_by_expert equals a brute-force sort-and-pad, padding and unused blocks included.
 - fused_moe equals the torch reference backend: top-1 and top-8, renormalised or not, experts
-  that receive no token, one expert that fills several M-blocks, shapes that no block divides.
+  that receive no token, one expert that fills several M-blocks, shapes that no block divides,
+  an x that is a transposed view rather than contiguous.
 - The backend registry: "auto" is torch on a CPU; `--moe triton` runs there only in the
   interpreter, and without it is refused with a message that says how to enable it.
 """
@@ -109,6 +110,18 @@ def test_fused_equals_reference(kernels, name):
         assert counts[crowd] > block_m  # ... and about an expert filling several M-blocks
     got = kernels.fused_moe(x, w13, w2, weights, ids)
     want = TorchMoEBackend().forward(x, logits, w13, w2, top_k, renormalize)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_non_contiguous_input(kernels):
+    """x as a transposed view (dense, strides (1, tokens)): the kernels index rows as
+    token * hidden, so the output must be laid out that way too, whatever x's strides were."""
+    x, logits, w13, w2 = layer(9, 8, 64, 32)
+    x = x.t().contiguous().t()
+    assert not x.is_contiguous()
+    weights, ids = select_experts(logits, 2, True)
+    got = kernels.fused_moe(x, w13, w2, weights, ids)
+    want = TorchMoEBackend().forward(x.contiguous(), logits, w13, w2, 2, True)
     torch.testing.assert_close(got, want, **TOL)
 
 

@@ -44,10 +44,11 @@ def inputs(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("tokens", [1, 64, 256, 4096])
 def test_fused_matches_reference_bf16(kernels, weights, tokens):
     """Both round at the same places (h, h x weight, each partial sum over the experts, in
-    ascending expert order); they differ where a GEMM's float32 sum, taken in another order,
-    lands on the other side of a bfloat16 rounding boundary, and that one-step difference
-    propagates. So: within 4 bfloat16 steps of the largest output (2**-5 of it), and no further
-    from the float32 truth than the reference is."""
+    ascending expert order); they can differ only where a GEMM's float32 sum, if tl.dot and
+    cuBLAS take it in another order (neither promises one), lands on the other side of a bfloat16
+    rounding boundary, and that one-step difference propagates. So: within 4 bfloat16 steps of
+    the largest output (2**-5 of it), and at most twice the reference's error against the
+    float32 truth. Bit-identity is reported, not required."""
     w13, w2 = weights
     x, logits = inputs(tokens, seed=tokens)
     topk_weights, topk_ids = select_experts(logits, TOP_K, renormalize=True)

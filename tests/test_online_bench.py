@@ -227,6 +227,12 @@ def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, caps
     assert run["ttft_ms"]["p99"] <= run["e2e_ms"]["p99"]
     assert run["request_throughput"] == pytest.approx(5 / run["duration_s"])
     assert run["output_throughput"] > 0
+    # Every process of the server by its role, and the client: CPU seconds over the run.
+    assert set(run["cpu_s"]) == {online.CLIENT, "API Server（启动者）", "scheduler-rank0",
+                                 "tokenizer"}
+    assert all(seconds >= 0 for seconds in run["cpu_s"].values())
+    assert run["cpu_s"]["scheduler-rank0"] > 0  # it ran the model
+    assert "每个进程的 CPU" in printed
 
 
 @pytest.mark.parametrize("client", ["httpx", "openai"])
@@ -250,3 +256,67 @@ def test_a_server_that_cannot_start_fails_the_run_with_its_message(capsys):
                         "--device", "cpu", "--server-args", "--tp 0"])
     assert code == 1
     assert "--tp must be >= 1" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# benchmark/client_cost.py: the clients alone, on a stream held in memory
+
+client_cost = load_script("client_cost")
+
+
+def test_the_stream_in_memory_is_what_our_server_sends():
+    from minisgl.server.protocol import completion_body
+
+    events = [json.loads(e.removeprefix(b"data: ")) for e in client_cost.stream_events(7, 2)[:-1]]
+    expected = [completion_body(7, "m", False, text, reason, True)
+                for text, reason in [(" the", None), (" of", None), ("", "length")]]
+    for e in expected:
+        e["created"] = 0
+    assert events[:3] == expected
+    assert events[3]["choices"] == [] and events[3]["usage"]["completion_tokens"] == 2
+    assert client_cost.stream_events(7, 2)[-1] == b"data: [DONE]\n\n"
+
+
+def test_client_cost_reads_every_chunk_with_both_clients(capsys):
+    assert client_cost.main(["--streams", "3", "--chunks", "5", "--rounds", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "共 15 块" in printed
+    for kind in ("httpx", "openai"):
+        [row] = [line for line in printed.splitlines() if line.startswith(f"  --client {kind}")]
+        microseconds = float(row.split()[4])
+        assert microseconds > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# benchmark/process_cpu.py: CPU time by process, from /proc
+
+process_cpu = load_script("process_cpu")
+
+
+def test_cpu_seconds_grow_with_work_and_children_come_in_start_order():
+    import subprocess
+    import sys
+    import time
+
+    before = process_cpu.cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn 0.3 s of CPU
+        pass
+    assert process_cpu.cpu_seconds(os.getpid()) - before >= 0.2
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "a = subprocess.Popen(['sleep', '30']); time.sleep(0.2)\n"
+        "b = subprocess.Popen(['sleep', '30']); time.sleep(0.2)\n"
+        "print(a.pid, b.pid, flush=True); time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        first, second = map(int, parent.stdout.readline().split())
+        assert process_cpu.children(parent.pid) == [first, second]
+        roles = process_cpu.server_processes(parent.pid, ranks=1)
+        assert roles == {"API Server（启动者）": parent.pid, "scheduler-rank0": first,
+                         "tokenizer": second}
+    finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)])
+        parent.kill()
+        parent.wait()
+    assert process_cpu.cpu_seconds(parent.pid) is None  # gone
+    assert process_cpu.snapshot({"gone": parent.pid}) == {}

@@ -177,10 +177,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
         x.shape, w13.shape, w2.shape)
     assert topk_ids.shape == topk_weights.shape and topk_ids.shape[0] == tokens
     top_k = topk_ids.shape[1]
-    out = torch.empty_like(x)
+    x = x.contiguous()  # the kernels address rows as token * hidden, in x and in out alike
+    out = torch.empty_like(x)  # after .contiguous(): empty_like keeps a dense view's strides
     if tokens == 0:
         return out
-    x = x.contiguous()
     # The reference adds the experts' outputs in ascending expert order; sorting each token's
     # slots the same way lets _sum_slots_kernel add in that order too.
     topk_ids, order = topk_ids.sort(dim=1)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from minisgl.models import MODELS, ModelConfig
 
 H200_HBM_BANDWIDTH = 4.8e12  # bytes/s: HBM3e, NVIDIA's H200 datasheet
-# bytes/s (read + written) that a device-to-device copy achieves on an H200: a tighter
-# bound to try, since no kernel streams faster than a plain copy.
+# bytes/s (read + written) assumed for a device-to-device copy on an H200, ~90% of the spec
+# (an assumption, not a measurement): a tighter bound, as no kernel streams faster than a copy.
 H200_COPY_BANDWIDTH = 4.3e12
 H200_BF16_PEAK = 989e12  # FLOP/s: dense bf16 tensor cores, H200 SXM datasheet
 DECODE_BUCKETS = (1, 8, 32, 64, 128, 256)  # upper ends of the decode batch-size buckets

@@ -1,0 +1,66 @@
+"""CPU time of a server's processes, read from /proc (Linux): which process is busy.
+
+`python -m minisgl` is one launcher process (it also runs the API server) and its children,
+started in a fixed order (server/launch.py, start_backend): the scheduler of each TP rank, then
+the tokenizer processes (one by default; with --num-tokenizer N, N tokenizers and a
+detokenizer). A process whose CPU time grows as fast as the wall clock is using a whole core:
+if it is single-threaded Python, it can go no faster, and it sets the pace.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3, the state, first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (all its threads); None once it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` in the order they started (multiprocessing's resource
+    tracker left out: it is bookkeeping, not part of the server)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields is None or int(fields[1]) != pid:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"resource_tracker" not in cmdline:
+            found.append((int(fields[19]), int(entry.name)))  # field 22: start time
+    return [child for _, child in sorted(found)]
+
+
+def server_processes(launcher: int, ranks: int) -> dict[str, int]:
+    """The processes of a running `python -m minisgl` by role, in start_backend's order."""
+    kids = children(launcher)
+    schedulers, tokenizers = kids[:ranks], kids[ranks:]
+    names = [f"scheduler-rank{r}" for r in range(len(schedulers))]
+    if len(tokenizers) == 1:
+        names.append("tokenizer")  # it tokenizes and detokenizes
+    else:
+        names += [f"tokenizer-{i}" for i in range(len(tokenizers) - 1)] + ["detokenizer"]
+    return {"API Server（启动者）": launcher, **dict(zip(names, schedulers + tokenizers))}
+
+
+def snapshot(processes: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each process that is still there."""
+    seconds = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    return {name: s for name, s in seconds.items() if s is not None}
