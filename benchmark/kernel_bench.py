@@ -6,10 +6,14 @@ Shapes are Qwen3-0.6B's in bfloat16: 8 KV heads and 16 query heads of 128, embed
 1024 over a 151,936-token vocabulary (sliced in two, as rank 1 of TP=2 holds it). Each op runs
 --iters times, captured in one CUDA graph (as a decode step runs them) and replayed between two
 CUDA events, best of --rounds; the bandwidth counts the bytes each kernel must read and write at
-least once (the gather reads only the rows of ids inside the rank's slice). The H200's L2 cache
-holds 50 MB: a call whose data fits would find it there on its next run, so the graph cycles
-through independent input sets, enough that over 4 x L2 of other data passes between two calls
-on the same set (at most 64 sets: small calls are bound by latency, not bandwidth).
+least once (the gather reads only the rows of ids inside the rank's slice). The row `copy`
+times a plain device-to-device copy of as many bytes as the KV store moves (read + written,
+timed the same way): the rate the kernels' GB/s are measured against, taken on the same GPU.
+A call whose data fits in the L2 cache (taken as L2_BYTES) would find it there on its next run,
+so the graph cycles through independent input sets: sets are added until one cycle through
+them holds 4 x L2 of the smallest kernel's data, at most 64 sets (small calls are bound by
+latency, not bandwidth). At 16,384 tokens that is 5 sets; at 256 tokens the cap leaves one
+cycle of the gather near 1 x L2, and at 1 token all sets fit in the L2.
 The last columns time our wrappers called eagerly: the host's cost per call (Python, ctypes,
 the launch), which a graph removes from decode but prefill still pays.
 """
@@ -30,8 +34,10 @@ KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, VOCAB = 8, 16, 128, 1024, 151936
 L2_BYTES = 50 * 2**20
 
 
-def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], object], int]]:
-    """(name, ours, the op it replaces, bytes moved) for `tokens` tokens."""
+def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], object] | None,
+                                     int]]:
+    """(name, ours, the op it replaces, bytes moved) for `tokens` tokens; the reference row
+    `copy` replaces nothing."""
     qkv = torch.randn(tokens, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, device="cuda", dtype=DTYPE)
     q = qkv[:, :Q_HEADS * HEAD_DIM]
     k = qkv[:, Q_HEADS * HEAD_DIM:(Q_HEADS + KV_HEADS) * HEAD_DIM]
@@ -69,6 +75,8 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
 
     row = KV_HEADS * HEAD_DIM * DTYPE.itemsize
     heads = (Q_HEADS + KV_HEADS) * HEAD_DIM * DTYPE.itemsize
+    src = torch.empty(2 * tokens * row, device="cuda", dtype=torch.uint8)  # K and V's bytes
+    dst = torch.empty_like(src)
     return [
         ("store_kv", lambda: cuda_kernels.store_kv(k_cache, v_cache, out_loc, k3, v3),
          torch_store, 2 * 2 * tokens * row),
@@ -77,6 +85,7 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
         ("qk_norm_rope", lambda: cuda_kernels.qk_norm_rope(
             positions, q, k, HEAD_DIM, q_weight, k_weight, 1e-6, cache),
          replaced_norm_rope, 2 * tokens * heads),
+        ("copy", lambda: dst.copy_(src), None, 2 * src.numel()),
     ]
 
 
@@ -84,6 +93,10 @@ def cycling(ops: list[Callable[[], object]]) -> Callable[[], object]:
     """One op per call, taking the sets in turn: a graph of many calls records them in turn."""
     turn = itertools.cycle(ops)
     return lambda: next(turn)()
+
+
+def number(microseconds: float | None) -> str:
+    return "-" if microseconds is None else f"{microseconds:.2f}"
 
 
 def main() -> None:
@@ -98,18 +111,22 @@ def main() -> None:
     print(f"{'kernel':<14} {'tokens':>7} {'ours µs':>9} {'replaced µs':>12} {'speed-up':>9} "
           f"{'ours GB/s':>10} {'eager µs: ours':>15} {'replaced':>9}")
     for tokens in args.tokens:
-        sets = [cases(tokens)]  # more independent sets until one replay outgrows the L2 cache
+        sets = [cases(tokens)]  # until a cycle holds 4 x L2 of the smallest data, <= 64 sets
         while min(c[3] for c in sets[0]) * len(sets) < 4 * L2_BYTES and len(sets) < 64:
             sets.append(cases(tokens))
         for kernel in zip(*sets):
             name, nbytes = kernel[0][0], sum(c[3] for c in kernel) / len(kernel)
-            ours, replaced = (cycling([c[i] for c in kernel]) for i in (1, 2))
+            ours = cycling([c[1] for c in kernel])
+            replaced = None if kernel[0][2] is None else cycling([c[2] for c in kernel])
             mine = best_microseconds(ours, args.iters, args.rounds)
-            theirs = best_microseconds(replaced, args.iters, args.rounds)
-            eager = [best_microseconds(op, args.iters, args.rounds, graph=False)
+            theirs = None if replaced is None else best_microseconds(replaced, args.iters,
+                                                                     args.rounds)
+            eager = [None if op is None else best_microseconds(op, args.iters, args.rounds,
+                                                               graph=False)
                      for op in (ours, replaced)]
-            print(f"{name:<14} {tokens:>7} {mine:>9.2f} {theirs:>12.2f} {theirs / mine:>8.2f}x "
-                  f"{nbytes / mine / 1e3:>10.1f} {eager[0]:>15.2f} {eager[1]:>9.2f}")
+            speed_up = "-" if theirs is None else f"{theirs / mine:.2f}x"
+            print(f"{name:<14} {tokens:>7} {mine:>9.2f} {number(theirs):>12} {speed_up:>9} "
+                  f"{nbytes / mine / 1e3:>10.1f} {number(eager[0]):>15} {number(eager[1]):>9}")
 
 
 if __name__ == "__main__":

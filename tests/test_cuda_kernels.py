@@ -46,9 +46,12 @@ def qkv_views(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: to
     return qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
 
 
+# Rows of 64 and 2,048 bytes take the 16-byte path; 12 bytes the 4-byte one (rows 48 bytes
+# apart, k 24 bytes into them); 6 bytes the 2-byte one; 3 bytes the 1-byte one.
 @pytest.mark.parametrize("tokens", [0, 1, 7])
 @pytest.mark.parametrize("dtype, heads, head_dim", [
-    (torch.float32, 2, 8), (torch.bfloat16, 8, 128), (torch.float16, 1, 3)])  # 16, 2048, 6 bytes
+    (torch.float32, 2, 8), (torch.bfloat16, 8, 128), (torch.float32, 1, 3),
+    (torch.float16, 1, 3), (torch.int8, 1, 3)])
 def test_store_kv(emulate, tokens, dtype, heads, head_dim):
     gen = torch.Generator().manual_seed(tokens)
     _, k, v = qkv_views(tokens, 2, heads, head_dim, dtype, gen)
@@ -96,12 +99,15 @@ def rope_cache(positions: int, head_dim: int) -> torch.Tensor:
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
+# Each lane holds 1, 2 or 4 pairs (head_dim 32 leaves half the lanes idle); a block holds 1, 2,
+# 4 or 8 heads (3, 6, 4 and 8 heads in all).
 @pytest.mark.parametrize("tokens", [0, 1, 5])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim, q_heads, kv_heads", [
+    (64, 4, 2), (128, 4, 2), (32, 2, 1), (128, 2, 2), (256, 6, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qk_norm_rope(emulate, tokens, head_dim, dtype):
+def test_qk_norm_rope(emulate, tokens, head_dim, q_heads, kv_heads, dtype):
     gen = torch.Generator().manual_seed(head_dim + tokens)
-    q, k, _ = qkv_views(tokens, 4, 2, head_dim, dtype, gen)
+    q, k, _ = qkv_views(tokens, q_heads, kv_heads, head_dim, dtype, gen)
     q_weight, k_weight = ((torch.rand(head_dim, generator=gen) + 0.5).to(dtype) for _ in range(2))
     cache = rope_cache(100, head_dim)
     positions = torch.randint(0, 100, (tokens,), generator=gen)
@@ -111,8 +117,8 @@ def test_qk_norm_rope(emulate, tokens, head_dim, dtype):
         assert cuda_kernels.qk_norm_rope(positions, q, k, head_dim, q_weight, k_weight, 1e-6,
                                          cache)
         return
-    want_q = rms_norm(q.reshape(tokens, 4, head_dim), q_weight, 1e-6).flatten(1)
-    want_k = rms_norm(k.reshape(tokens, 2, head_dim), k_weight, 1e-6).flatten(1)
+    want_q = rms_norm(q.reshape(tokens, q_heads, head_dim), q_weight, 1e-6).flatten(1)
+    want_k = rms_norm(k.reshape(tokens, kv_heads, head_dim), k_weight, 1e-6).flatten(1)
     apply_rotary_inplace(positions, want_q, want_k, head_dim, cache)
     assert cuda_kernels.qk_norm_rope(positions, q, k, head_dim, q_weight, k_weight, 1e-6, cache)
     for got, want in ((q, want_q), (k, want_k)):
@@ -134,6 +140,67 @@ def test_qk_norm_rope_declines_a_head_size_it_is_not_written_for(emulate):
     want_q = rms_norm(before.view(3, 2, 96), weights, 1e-6).flatten(1)
     apply_rotary_inplace(positions, want_q, torch.zeros(3, 0), 96, cache)
     assert torch.allclose(got_q, want_q)
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """Fails a test whose wrapper goes on to load a kernel library (it should have declined)."""
+    def refuse(name, device):
+        raise AssertionError(f"the {name} kernel was reached")
+    monkeypatch.setattr(cuda_kernels, "_library", refuse)
+
+
+STORE_MISMATCHES = {  # (out_loc, k, v) against a pool of 50 slots of 2 heads x 8
+    "more slots than rows": ([1, 2, 3, 4], (3, 2, 8), (3, 2, 8)),
+    "fewer slots than rows": ([1, 2], (3, 2, 8), (3, 2, 8)),
+    "k rows shorter than the pool's": ([1, 2, 3], (3, 2, 4), (3, 2, 4)),
+    "v rows longer than k's": ([1, 2, 3], (3, 2, 8), (3, 2, 16)),
+}
+
+
+@pytest.mark.parametrize("case", STORE_MISMATCHES)
+def test_store_kv_declines_shapes_that_do_not_match(emulate, no_kernel, case):
+    """The kernel trusts the sizes it is given: a mismatch would read or write past a row.
+    The wrapper declines before any launch, and the op's reference raises torch's error."""
+    from minisgl.kernel.store import store_kv
+
+    slots, k_shape, v_shape = STORE_MISMATCHES[case]
+    k_cache, v_cache = torch.zeros(50, 2, 8), torch.zeros(50, 2, 8)
+    out_loc, k, v = torch.tensor(slots), torch.randn(k_shape), torch.randn(v_shape)
+    assert not cuda_kernels.store_kv(k_cache, v_cache, out_loc, k, v)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        store_kv(k_cache, v_cache, out_loc, k, v)
+
+
+def test_masked_gather_declines_a_slice_longer_than_the_table(emulate, no_kernel):
+    assert cuda_kernels.masked_gather(torch.randn(5, 4), torch.tensor([3, 9]), (3, 8)) is None
+
+
+QK_MISMATCHES = {  # (tokens of q and k, positions, weight length) with head_dim 8
+    "fewer positions than tokens": ((3, 3), 2, 8),
+    "k of other tokens than q": ((3, 2), 3, 8),
+    "weights of another length": ((3, 3), 3, 4),
+}
+
+
+@pytest.mark.parametrize("case", QK_MISMATCHES)
+def test_qk_norm_rope_declines_shapes_that_do_not_match(emulate, no_kernel, case):
+    from minisgl.kernel import qk_norm_rope
+
+    (q_tokens, k_tokens), positions, weight = QK_MISMATCHES[case]
+    q, k = torch.randn(q_tokens, 2 * 8), torch.randn(k_tokens, 8)
+    args = (torch.arange(positions), q, k, 8)
+    weights, cache = torch.ones(weight), rope_cache(10, 8)
+    assert not cuda_kernels.qk_norm_rope(*args, weights, weights, 1e-6, cache)
+    with pytest.raises(RuntimeError):
+        qk_norm_rope(*args, cache, weights, weights, 1e-6)
+
+
+def test_qk_norm_rope_declines_rows_that_are_not_whole_heads(emulate, no_kernel):
+    """q of 20 columns with head_dim 8: two heads and a half."""
+    q, k, weights = torch.randn(3, 20), torch.randn(3, 8), torch.ones(8)
+    assert not cuda_kernels.qk_norm_rope(torch.arange(3), q, k, 8, weights, weights, 1e-6,
+                                         rope_cache(10, 8))
 
 
 def test_the_emulator_runs_the_kernels_own_source(emulate, tmp_path, monkeypatch):
@@ -165,6 +232,29 @@ def test_a_library_is_built_once_and_then_taken_from_the_cache(tmp_path, monkeyp
     assert jit.build("index", "emulator") == first and len(calls) == 1
 
 
+def test_a_new_compiler_or_new_flags_build_anew(tmp_path, monkeypatch):
+    """The cache key is the sources, the compile command's flags and the compiler's version:
+    an upgraded compiler or a changed flag must not load a library built the old way."""
+    monkeypatch.setattr(jit, "CACHE_DIR", tmp_path)
+    first = jit.build("index", "emulator")
+    monkeypatch.setattr(jit, "compiler_version", lambda compiler: "c++ (another) 99.0")
+    second = jit.build("index", "emulator")
+    command = jit.compile_command
+    monkeypatch.setattr(jit, "compile_command", lambda *a: [*command(*a), "-DNDEBUG"])
+    third = jit.build("index", "emulator")
+    assert len({first, second, third}) == 3 and all(p.is_file() for p in (first, second, third))
+
+
+def test_the_same_sources_elsewhere_share_the_build(tmp_path, monkeypatch):
+    """Only the sources' text is in the key, not where they sit: another checkout of the same
+    files (a chapter's tree built by tools/steps.py) reuses the build."""
+    monkeypatch.setattr(jit, "CACHE_DIR", tmp_path / "cache")
+    first = jit.build("index", "emulator")
+    shutil.copytree(jit.SOURCES, tmp_path / "csrc")
+    monkeypatch.setattr(jit, "SOURCES", tmp_path / "csrc")
+    assert jit.build("index", "emulator") == first
+
+
 def test_without_nvcc_the_error_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setattr(jit, "nvcc_path", lambda: None)
     with pytest.raises(jit.KernelBuildError, match="nvcc was not found.*--disable-custom-kernels"):
@@ -192,12 +282,19 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
                                                                   hf_tokenizer, hf_greedy,
                                                                   monkeypatch):
     """The whole model through the kernels' CPU build (store, gather, and Qwen3's fused q/k
-    norm + RoPE): the same greedy tokens as the reference ops and as transformers."""
-    calls = {}
+    norm + RoPE): the same greedy tokens as the reference ops and as transformers. Each of the
+    three answers every call (none declines the model's tensors and leaves them to the
+    reference)."""
+    answers = {}  # op -> whether each call ran the kernel
+
+    def record(op, result):
+        answers.setdefault(op, set()).add(result is not None and result is not False)
+        return result
+
     for op in ("store_kv", "masked_gather", "qk_norm_rope"):
         real = getattr(cuda_kernels, op)
-        monkeypatch.setattr(cuda_kernels, op, lambda *a, _op=op, _real=real: (
-            calls.__setitem__(_op, calls.get(_op, 0) + 1), _real(*a))[1])
+        monkeypatch.setattr(cuda_kernels, op,
+                            lambda *a, _op=op, _real=real: record(_op, _real(*a)))
     prompts = ["The capital of France is", "def fibonacci(n):"]
     outs = {}
     for mode in ("emulate", "off"):
@@ -211,7 +308,7 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
     hf, tokenizer = hf_model(TINY_QWEN3), hf_tokenizer(TINY_QWEN3)
     expected = [hf_greedy(hf, tokenizer(p).input_ids, 8) for p in prompts]
     assert outs["emulate"] == outs["off"] == expected
-    assert set(calls) == {"store_kv", "masked_gather", "qk_norm_rope"}
+    assert answers == {"store_kv": {True}, "masked_gather": {True}, "qk_norm_rope": {True}}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

@@ -2,8 +2,9 @@
 of the embedding, and Qwen3's q/k RMSNorm fused with RoPE. The mode is process-wide, set by the
 Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on
 CPU tensors, "off" leaves every op to its reference. Tensors a kernel cannot take (another
-dtype, a layout it does not handle) go to the reference too, so the choice never changes what
-is computed, only how."""
+dtype, a layout it does not handle, shapes that do not match) go to the reference too, so the
+choice never changes what is computed, only how; and a mismatch meets the reference's error
+instead of a kernel that reads out of bounds (the kernels trust every size they are given)."""
 
 from __future__ import annotations
 
@@ -76,20 +77,26 @@ def _check(code: int, kernel: str) -> None:
 def _rows(x: torch.Tensor) -> bool:
     """Each row (index along dimension 0) contiguous in memory; rows may lie any distance
     apart (k and v are column slices of the fused qkv projection)."""
-    return x.shape[0] == 0 or x[0].is_contiguous()
+    return x.dim() >= 1 and (x.shape[0] == 0 or x[0].is_contiguous())
+
+
+def _row_numel(x: torch.Tensor) -> int:
+    return x.shape[1:].numel()
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
              k: torch.Tensor, v: torch.Tensor) -> bool:
     """k_cache[out_loc] = k and v_cache[out_loc] = v in one launch; False (nothing done) when
     the tensors are not laid out for the kernel."""
-    if not (out_loc.dtype == torch.int64 and out_loc.is_contiguous() and k_cache.is_contiguous()
-            and v_cache.is_contiguous() and k.dtype == v.dtype == k_cache.dtype
-            and _rows(k) and _rows(v)):
+    if not (out_loc.dtype == torch.int64 and out_loc.dim() == 1 and out_loc.is_contiguous()
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and _rows(k) and _rows(v)
+            and len(out_loc) == k.shape[0] == v.shape[0]
+            and _row_numel(k) == _row_numel(v) == _row_numel(k_cache) == _row_numel(v_cache)):
         return False
     code = _library("store", k.device).minisgl_store_kv(
         k_cache.data_ptr(), v_cache.data_ptr(), out_loc.data_ptr(), k.data_ptr(), v.data_ptr(),
-        len(out_loc), k_cache[0].numel() * k_cache.element_size(),
+        len(out_loc), _row_numel(k_cache) * k_cache.element_size(),
         k.stride(0) * k.element_size(), v.stride(0) * v.element_size(), _stream(k))
     _check(code, "store_kv")
     return True
@@ -99,13 +106,14 @@ def masked_gather(weights: torch.Tensor, ids: torch.Tensor,
                   vocab_range: tuple[int, int] | None) -> torch.Tensor | None:
     """Rows of `weights` for `ids`; with vocab_range = (start, length), ids outside this rank's
     rows give zero rows. None when the tensors are not laid out for the kernel."""
-    if not (ids.dtype == torch.int64 and ids.is_contiguous() and weights.is_contiguous()):
-        return None
-    start, length = vocab_range if vocab_range is not None else (0, weights.shape[0])
+    start, length = vocab_range if vocab_range is not None else (0, len(weights))
+    if not (ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous()
+            and weights.dim() >= 1 and weights.is_contiguous() and length <= len(weights)):
+        return None  # rows past the table's end would be read where the reference raises
     out = torch.empty(len(ids), *weights.shape[1:], dtype=weights.dtype, device=weights.device)
     code = _library("index", weights.device).minisgl_masked_gather(
         out.data_ptr(), weights.data_ptr(), ids.data_ptr(), len(ids),
-        weights[0].numel() * weights.element_size(), start, length, _stream(weights))
+        _row_numel(weights) * weights.element_size(), start, length, _stream(weights))
     _check(code, "masked_gather")
     return out
 
@@ -117,9 +125,14 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head
     RMSNorm (weights q_weight, k_weight), then RoPE from cos_sin_cache [positions, head_dim]
     (float32, cos then sin). False (nothing done) when the kernel does not take these tensors."""
     if not (q.dtype in _DTYPES and q.dtype == k.dtype == q_weight.dtype == k_weight.dtype
-            and q.stride(1) == 1 and k.stride(1) == 1 and positions.dtype == torch.int64
-            and positions.is_contiguous() and cos_sin_cache.dtype == torch.float32
-            and cos_sin_cache.is_contiguous() and cos_sin_cache.shape[1] == head_dim):
+            and q.dim() == k.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1
+            and head_dim > 0 and q.shape[1] % head_dim == 0 and k.shape[1] % head_dim == 0
+            and positions.dtype == torch.int64 and positions.dim() == 1
+            and positions.is_contiguous() and len(positions) == q.shape[0] == k.shape[0]
+            and q_weight.shape == k_weight.shape == (head_dim,) and q_weight.is_contiguous()
+            and k_weight.is_contiguous() and cos_sin_cache.dtype == torch.float32
+            and cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
+            and cos_sin_cache.shape[1] == head_dim):
         return False
     code = _library("qk_norm_rope", q.device).minisgl_qk_norm_rope(
         q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), q.shape[0],

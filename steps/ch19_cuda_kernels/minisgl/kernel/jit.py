@@ -59,6 +59,13 @@ def compile_command(name: str, target: str, output: Path, arch: str | None = Non
     raise ValueError(f"unknown target {target!r}: cuda, cuda-object or emulator")
 
 
+@cache
+def compiler_version(compiler: str) -> str:
+    """What `compiler --version` prints: a new compiler must not reuse an old build."""
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else ""
+
+
 def run_compiler(command: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -67,17 +74,21 @@ def run_compiler(command: list[str]) -> None:
 
 def build(name: str, target: str, arch: str | None = None) -> Path:
     """The shared library of csrc/<name>.cu for `target`, compiled unless the cache holds one
-    built from the same sources with the same command."""
+    built from the same sources, by the same compiler (its version) with the same flags."""
+    source, output = str(SOURCES / f"{name}.cu"), "<output>"
+    command = compile_command(name, target, Path(output), arch)
     digest = hashlib.sha256()
     for path in (SOURCES / f"{name}.cu", SOURCES / "cuda_model.h"):
         digest.update(path.read_bytes())
-    digest.update(f"{target} {arch}".encode())
+    # The command without its two paths: the same sources in another checkout share the build.
+    flags = [arg for arg in command if arg not in (source, output)]
+    digest.update("\0".join([*flags, compiler_version(command[0])]).encode())
     library = CACHE_DIR / f"{name}-{target}-{digest.hexdigest()[:16]}.so"
     if not library.is_file():
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:  # same file system: atomic
             partial = Path(tmp) / library.name
-            run_compiler(compile_command(name, target, partial, arch))
+            run_compiler([str(partial) if arg == output else arg for arg in command])
             partial.replace(library)  # a process building the same library meanwhile is fine
     return library
 
