@@ -142,7 +142,7 @@ def test_closing_the_engine_frees_its_graphs_without_the_garbage_collector(model
         gc.enable()
 
 
-def test_reserved_row_and_page_are_never_handed_out(models_dir):
+def test_the_scheduler_starts_without_the_reserved_row_and_page(models_dir):
     llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=4, num_page_override=64,
               max_seq_len_override=64, page_size=4, cuda_graph="emulate")
     try:
@@ -156,6 +156,74 @@ def test_reserved_row_and_page_are_never_handed_out(models_dir):
         assert engine.max_seq_len == 64
     finally:
         llm.shutdown()
+
+
+def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False) -> list[str]:
+    """Sixteen requests of different lengths through four rows and a tight pool (prefix hits,
+    evictions, decode batches shrinking from 4 to 1 and padded on replay), graphs emulated. At
+    every launch, what each request of the batch holds is read off the page table; returns what
+    was wrong: the reserved row or page in a request's hands, or pages missing at the end.
+    `plant_spare_page` puts the reserved page among the scheduler's free pages first."""
+    engine_launch, runner_replay = Engine.launch, GraphRunner.replay
+    found: list[str] = []
+    padded_replays = []
+
+    def launch(engine, batch, sampled):
+        spare = engine.num_pages  # the page only padding rows write to
+        for req in batch.reqs:
+            if req.table_idx == engine.dummy_row:
+                found.append(f"request {req.uid} holds the reserved row")
+            # Its slots for tokens [0, device_len) are allocated by now.
+            pages = engine.page_table[req.table_idx, : req.device_len] // engine.page_size
+            if bool((pages == spare).any()):
+                found.append(f"request {req.uid} holds the reserved page")
+        return engine_launch(engine, batch, sampled)
+
+    def replay(runner, batch, rows, positions, padded):
+        if padded > batch.size:
+            padded_replays.append((batch.size, padded))
+        return runner_replay(runner, batch, rows, positions, padded)
+
+    monkeypatch.setattr(Engine, "launch", launch)
+    monkeypatch.setattr(GraphRunner, "replay", replay)
+    llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=4, num_page_override=24,
+              max_seq_len_override=64, page_size=4, cuda_graph="emulate")
+    try:
+        scheduler = llm.backend.scheduler  # type: ignore[union-attr]
+        engine = scheduler.engine
+        if plant_spare_page:  # the next allocation takes it: pages are popped from the end
+            scheduler.cache.free_pages.append(engine.num_pages)
+        gen = torch.Generator().manual_seed(0)
+        shared = torch.randint(0, 1000, (9,), generator=gen).tolist()  # a prefix several share
+        prompts = [(shared if i % 3 == 0 else [])
+                   + torch.randint(0, 1000, (3 + i % 7,), generator=gen).tolist()
+                   for i in range(16)]
+        params = [SamplingParams(max_tokens=2 + (5 * i) % 11, ignore_eos=True) for i in range(16)]
+        llm.generate(prompts, params)
+        assert padded_replays, "no decode batch was padded: the workload misses the case"
+        stats = scheduler.stats()
+        if stats["free_pages"] + stats["cached_pages"] != engine.num_pages or stats["locked_pages"]:
+            found.append(f"pages not returned: {stats}")
+        if stats["rows_free"] != 4:
+            found.append(f"rows not returned: {stats}")
+        if not bool((engine.page_table[engine.dummy_row] == engine.num_pages * 4).all()):
+            found.append("the reserved row no longer points at the reserved page only")
+        if bool(engine.token_pool[engine.dummy_row].any()):
+            found.append("the reserved row's tokens were written")
+    finally:
+        llm.shutdown()
+    return found
+
+
+def test_a_workload_never_hands_out_the_reserved_row_or_page(models_dir, monkeypatch):
+    assert watch_a_workload(models_dir, monkeypatch) == []
+
+
+def test_the_workload_check_catches_the_reserved_page_handed_out(models_dir, monkeypatch):
+    """The check itself: with the spare page among the free ones, a request gets it."""
+    found = watch_a_workload(models_dir, monkeypatch, plant_spare_page=True)
+    assert any("holds the reserved page" in problem for problem in found), found
+    assert any("pages not returned" in problem for problem in found), found
 
 
 def test_configuration_is_checked():

@@ -185,10 +185,13 @@ def test_kv_budget_below_one_page_raises(tiny_qwen3_path):
                     cpu_kv_cache_bytes=100)
 
 
-@pytest.mark.parametrize("field", ["max_running_req", "page_size"])
-def test_engine_config_rejects_values_below_one(field):
-    with pytest.raises(ValueError, match=field):
-        EngineConfig("unused", **{field: 0})
+@pytest.mark.parametrize("field", ["max_running_req", "page_size", "num_page_override",
+                                   "max_seq_len_override"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_engine_config_rejects_values_below_one(field, value):
+    # An override of 0 is not "no override" (that is None): it is refused like -1.
+    with pytest.raises(ValueError, match=f"{field} must be >= 1, got {value}"):
+        EngineConfig("unused", **{field: value})
 
 
 # --- seeded sampling -----------------------------------------------------------------------------

@@ -82,6 +82,13 @@ def test_filter_stops_at_the_prefix_that_exactly_reaches_top_p():
     assert int(torch.isfinite(filtered).sum()) == 2
 
 
+def test_filter_keeps_top_1_when_top_p_underflows_to_zero():
+    # SamplingParams accepts top_p=1e-300; as float32 it is 0, which must not mask every token.
+    logits = torch.tensor([[0.0, 0.1, 0.2, 0.3]])
+    filtered = top_k_top_p_filter(logits, torch.tensor([4]), torch.tensor([1e-300]))
+    assert torch.isfinite(filtered[0]).nonzero().flatten().tolist() == [3]
+
+
 def test_filter_without_limits_keeps_everything():
     logits = torch.randn(3, 20)
     filtered = top_k_top_p_filter(logits, torch.tensor([20, 20, 20]), torch.ones(3))
@@ -119,6 +126,20 @@ def test_greedy_rows_return_argmax_in_a_mixed_batch():
     for _ in range(50):
         tokens = sampler.sample(logits, args)
         assert tokens[[0, 2, 4, 5]].tolist() == argmax[[0, 2, 4, 5]].tolist()
+
+
+@pytest.mark.parametrize("top_k", [101, 2**31 - 1, 2**63 - 1, 2**64])
+def test_top_k_beyond_the_vocabulary_samples_as_the_whole_vocabulary(top_k):
+    # 2**63 - 1 once became -2**63 on its way through float32: every token masked, NaN.
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(0))
+    draws = []
+    for k in (top_k, -1):
+        batch = make_batch([SamplingParams(temperature=1.0, top_k=k, top_p=0.9)] * 64)
+        sampler = Sampler(CPU, 100, seed=5)
+        args = sampler.prepare(batch)
+        assert args.top_k.tolist() == [100] * 64
+        draws.append(sampler.sample(logits, args))
+    assert torch.equal(draws[0], draws[1])
 
 
 def test_all_greedy_sample_is_argmax():

@@ -10,11 +10,13 @@ Every test talks to a real `python -m minisgl` (tiny-qwen3 on the CPU) over real
 The shutdown tests come last: the SIGINT and SIGTERM tests stop `server` and `small`, the
 last users of those fixtures; every fixture's teardown still checks that its server exited
 with code 0 and left no child process and no IPC socket file behind. The shell, SIGKILL,
-loading and launcher-error tests start processes of their own.
+loading, one-row and launcher-error tests start processes of their own; the frontend's and the
+first reply's unit tests run in this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -346,6 +348,13 @@ BAD_REQUESTS = {
     "top_p 1.5": ("/v1/chat/completions",
                   {"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, "top_p"),
     "top_k 0": ("/v1/completions", {"prompt": "x", "top_k": 0}, "top_k"),
+    # Once these crashed the scheduler (float32 made 2**63 - 1 negative) or were a 500
+    # (msgpack cannot carry 2**64).
+    "top_k 2**63-1": ("/v1/completions", {"prompt": "x", "top_k": 2**63 - 1},
+                      "top_k must be -1 (no limit) or at most 2147483647"),
+    "top_k 2**64": ("/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "x"}], "top_k": 2**64},
+                    "top_k must be -1 (no limit) or at most 2147483647"),
     "n 2": ("/v1/completions", {"prompt": "x", "n": 2}, "n must be 1"),
 }
 
@@ -426,6 +435,31 @@ def test_a_non_streaming_client_that_gives_up_is_aborted_too(server):
     assert_pages_come_back(server)
 
 
+@pytest.fixture
+def one_row():
+    """A server that runs one request at a time: a second one waits for its first token."""
+    yield from serve("--max-running-req", "1")
+
+
+def test_a_client_that_leaves_before_its_first_token_is_aborted_in_the_queue(one_row):
+    with httpx.Client(base_url=one_row.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json={
+                "prompt": "A story that never ends:", "max_tokens": 4000, "ignore_eos": True,
+                "temperature": 0, "stream": True}) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)  # it runs: it holds the only row
+            with httpx.Client(base_url=one_row.url, timeout=1.5) as impatient:
+                with pytest.raises(httpx.TimeoutException):
+                    impatient.post("/v1/completions", json={"prompt": "Me too:", "max_tokens": 8})
+            # Noticed while it still waits for a row, not once the first request ends.
+            deadline = time.monotonic() + 5.0
+            while one_row.stats()["waiting"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stats = one_row.stats()
+            assert (stats["running"], stats["waiting"]) == (1, 0), stats
+    assert_pages_come_back(one_row)
+
+
 def test_eight_concurrent_requests_each_equal_the_request_alone(server):
     alone = [greedy(server, p, n=10)["choices"][0]["text"] for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -449,6 +483,66 @@ def test_two_tokenizers_still_abort_and_free_pages(server2):
     for prompt in ["A first story:", "A second story:"]:  # consecutive uids: one abort
         disconnect_mid_stream(server2, prompt)           # through each tokenizer
     assert_pages_come_back(server2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The frontend and a request's first reply, in this process
+
+
+def test_a_request_msgpack_cannot_carry_leaves_no_uid_waiting():
+    from minisgl.core import SamplingParams
+    from minisgl.server.frontend import Frontend
+    from minisgl.utils.zmq_queue import ipc_address, new_run_id
+
+    run_id = new_run_id()
+    frontend = Frontend([ipc_address(run_id, "tokenizer")], ipc_address(run_id, "frontend"))
+    try:
+        with pytest.raises(OverflowError):
+            frontend.submit("x", SamplingParams(temperature=1.0, top_k=2**64))
+        assert frontend.waiting == {}
+    finally:
+        frontend.close()
+
+
+class RecordingFrontend:
+    """What Generation asks of the Frontend, written down."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def abort(self, uid: int) -> None:
+        self.calls.append(("abort", uid))
+
+    def done(self, uid: int) -> None:
+        self.calls.append(("done", uid))
+
+
+def test_waiting_for_the_first_reply_aborts_when_cancelled():
+    from minisgl.server.api_server import Generation
+
+    async def cancel_while_waiting() -> list[tuple[str, int]]:
+        frontend = RecordingFrontend()
+        gen = Generation(frontend, 7, asyncio.Queue(), [])  # type: ignore[arg-type]
+        task = asyncio.create_task(gen.wait_first(lambda: asyncio.sleep(0, result=False)))
+        await asyncio.sleep(0.05)
+        task.cancel()  # as uvicorn's graceful shutdown does once its timeout is over
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return frontend.calls
+
+    assert asyncio.run(cancel_while_waiting()) == [("abort", 7)]
+
+
+def test_a_client_gone_before_the_first_reply_is_noticed_and_aborted(monkeypatch):
+    from minisgl.server import api_server
+
+    monkeypatch.setattr(api_server, "CHECK_CLIENT_S", 0.01)
+    frontend = RecordingFrontend()
+    gen = api_server.Generation(frontend, 7, asyncio.Queue(), [])  # type: ignore[arg-type]
+    with pytest.raises(api_server.APIError) as info:
+        asyncio.run(gen.wait_first(lambda: asyncio.sleep(0, result=True)))
+    assert info.value.status == 499 and "disconnected" in info.value.message
+    assert frontend.calls == [("abort", 7)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -477,6 +571,22 @@ def test_shell_answers_resets_and_exits(small):
     assert "(conversation cleared)" in shell.output
 
 
+def test_shell_ctrl_c_at_the_prompt_exits_at_once():
+    # Nothing typed, stdin left open: the shell waits at its prompt like an idle terminal.
+    shell = Process("--model", str(MODEL), "--shell", "--max-seq-len", "128", stdin=True)
+    try:
+        shell.wait_for("/reset")  # the help line: the backend is up, the prompt comes next
+        shell.children = children_of(shell.pid)
+        time.sleep(0.5)  # now it is blocked reading stdin
+        code = shell.stop(signal.SIGINT)  # fails if it has not exited within STOP_TIMEOUT
+    finally:
+        if shell.popen.poll() is None:
+            shell.stop(signal.SIGKILL)
+    assert_stopped_cleanly(shell, code)
+    assert len(shell.children) >= 2
+    assert "Traceback" not in shell.output, shell.output
+
+
 # ----------------------------------------------------------------------------------------------
 # Launcher errors: caught before anything is loaded
 
@@ -502,6 +612,51 @@ def test_busy_port_exits_2_naming_the_port():
     assert r.returncode == 2
     assert f"port {port}" in r.stderr and "in use" in r.stderr
     assert "loading" not in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port must be between 1 and 65535, got 70000"),
+    (["--num-pages", "0"], "num_page_override must be >= 1, got 0"),
+    (["--max-seq-len", "-1"], "max_seq_len_override must be >= 1, got -1"),
+])
+def test_out_of_range_option_exits_2_naming_the_value(args, message):
+    r = run_minisgl("--model", str(MODEL), *args)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert "loading" not in r.stdout
+
+
+def parse_error(capsys, *args: str) -> str:
+    """What parse_args says before it exits 2 (in this process: nothing is started)."""
+    from minisgl.server.args import parse_args
+
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model", str(MODEL), *args])
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_an_ipv6_host_is_checked_with_an_ipv6_socket(capsys):
+    from minisgl.server.args import parse_args
+
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        s.listen()
+        port = s.getsockname()[1]
+        assert f"port {port} on ::1 is in use" in parse_error(capsys, "--host", "::1",
+                                                               "--port", str(port))
+    assert parse_args(["--model", str(MODEL), "--host", "::1", "--port", str(port)]).host == "::1"
+
+
+def test_a_host_that_cannot_be_listened_on_is_not_called_a_busy_port(capsys):
+    # 203.0.113.1 is a documentation address (RFC 5737): no interface here has it.
+    err = parse_error(capsys, "--host", "203.0.113.1", "--port", str(free_port()))
+    assert "cannot listen on 203.0.113.1" in err and "in use" not in err
+    err = parse_error(capsys, "--host", "no-such-host.invalid")
+    assert "--host no-such-host.invalid:" in err and "in use" not in err
 
 
 def test_help_lists_the_options():

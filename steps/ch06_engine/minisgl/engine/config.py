@@ -20,6 +20,7 @@ class EngineConfig:
     seed: int = 42
 
     def __post_init__(self) -> None:
-        for name in ("max_running_req", "page_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_running_req", "page_size", "num_page_override", "max_seq_len_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:  # None: the override's default
+                raise ValueError(f"{name} must be >= 1, got {value}")

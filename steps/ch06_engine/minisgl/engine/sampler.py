@@ -26,7 +26,9 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor,
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    # ranks > 0: the top-1 stays even for a top_p that float32 rounds to 0 (say 1e-300)
+    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p[:, None]) & (ranks > 0),
+                                              float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
@@ -44,8 +46,9 @@ class Sampler:
             return None
         return SamplingArgs(
             temperatures=self._tensor([0.0 if p.is_greedy else p.temperature for p in params]),
-            top_k=self._tensor([p.top_k if p.top_k >= 1 else self.vocab_size for p in params],
-                               torch.int64),
+            # -1 or beyond the vocabulary: the whole vocabulary (a huge top_k overflows int64)
+            top_k=self._tensor([min(p.top_k, self.vocab_size) if p.top_k >= 1 else self.vocab_size
+                                for p in params], torch.int64),
             top_p=self._tensor([p.top_p for p in params]),
         )
 

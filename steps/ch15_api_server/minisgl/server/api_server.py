@@ -27,9 +27,10 @@ CHECK_CLIENT_S = 0.5  # how often a non-streaming request checks that its client
 class Generation:
     """One request's replies, cut at its stop strings, with its usage counts."""
 
-    def __init__(self, frontend: Frontend, uid: int, queue: asyncio.Queue, first: UserReply,
+    def __init__(self, frontend: Frontend, uid: int, queue: asyncio.Queue,
                  stops: list[str]) -> None:
-        self.frontend, self.uid, self.queue, self.first = frontend, uid, queue, first
+        self.frontend, self.uid, self.queue = frontend, uid, queue
+        self.first: UserReply | None = None  # set by wait_first
         self.matcher = StopMatcher(stops)
         self.prompt_tokens = self.completion_tokens = 0
         self.finish_reason: str | None = None
@@ -54,6 +55,22 @@ class Generation:
                 return await asyncio.wait_for(self.queue.get(), CHECK_CLIENT_S)
             except asyncio.TimeoutError:
                 continue
+
+    async def wait_first(self, client_gone: Callable[[], Awaitable[bool]]) -> None:
+        """Wait for the first reply (a request may queue for long), watching the client: a
+        refusal becomes an APIError, and a departure or a cancellation frees the request."""
+        try:
+            first = await self._next(client_gone)
+        except BaseException:  # cancelled, e.g. by the graceful shutdown's timeout
+            self.frontend.abort(self.uid)
+            raise
+        if first is None:  # 499: nginx's "client closed request"; no one reads it
+            self.frontend.abort(self.uid)
+            raise APIError("the client disconnected before the first token", status=499)
+        if first.error:
+            self.frontend.done(self.uid)
+            raise APIError(first.error)
+        self.first = first
 
     async def pieces(self, client_gone: Callable[[], Awaitable[bool]] | None = None
                      ) -> AsyncIterator[str]:
@@ -129,15 +146,14 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
                          kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
         return JSONResponse(error.body(), status_code=e.status_code)
 
-    async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None
-                    ) -> Generation:
+    async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None,
+                    request: Request) -> Generation:
         params, fit = body.sampling_params(max_seq_len, default_max_tokens)
         uid, queue = frontend.submit(prompt, params, fit)
-        first = await queue.get()  # wait for it: a refused request becomes an HTTP error
-        if first.error:
-            frontend.done(uid)
-            raise APIError(first.error)
-        return Generation(frontend, uid, queue, first, body.stop_strings())
+        gen = Generation(frontend, uid, queue, body.stop_strings())
+        # Wait for it, streaming or not: a refused request becomes an HTTP error.
+        await gen.wait_first(request.is_disconnected)
+        return gen
 
     async def respond(body: SamplingFields, gen: Generation, chat: bool, request: Request):
         if not body.stream:
@@ -163,7 +179,7 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         # OpenAI's default for completions is 16 tokens.
-        return await respond(body, await start(body, body.prompt, 16), False, request)
+        return await respond(body, await start(body, body.prompt, 16, request), False, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -171,7 +187,7 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
         max_tokens = (body.max_tokens if body.max_completion_tokens is None
                       else body.max_completion_tokens)
         body = body.model_copy(update={"max_tokens": max_tokens})
-        return await respond(body, await start(body, messages, None), True, request)
+        return await respond(body, await start(body, messages, None, request), True, request)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -61,7 +61,11 @@ class Frontend:
         """Send a request; its UserReplies arrive on the returned queue, the last one with
         finished=True. The caller must call done(uid) once it stops reading."""
         uid, queue = self._new_uid()
-        self._send(uid, TokenizeMsg(uid, prompt, params, fit_to_context))
+        try:
+            self._send(uid, TokenizeMsg(uid, prompt, params, fit_to_context))
+        except BaseException:  # e.g. a value msgpack cannot encode: do not leak the uid
+            self.abort(uid)  # the scheduler ignores an abort of a uid it never received
+            raise
         return uid, queue
 
     def done(self, uid: int) -> None:
@@ -74,8 +78,8 @@ class Frontend:
 
     async def stats(self) -> dict[str, int]:
         uid, queue = self._new_uid()
-        self._send(uid, StatsMsg(uid))
         try:
+            self._send(uid, StatsMsg(uid))
             reply = await queue.get()
         finally:
             self.done(uid)

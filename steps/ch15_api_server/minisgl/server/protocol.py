@@ -9,6 +9,10 @@ from pydantic import BaseModel, Field
 
 from minisgl.core import SamplingParams
 
+# Any top_k at least the vocabulary size keeps every token; this bound only keeps the value
+# small enough for msgpack and the sampler's tensors (no vocabulary comes near it).
+MAX_TOP_K = 2**31 - 1
+
 
 class APIError(Exception):
     """An error the client caused: answered with an OpenAI-style body and a 4xx status."""
@@ -49,6 +53,9 @@ class SamplingFields(BaseModel):
         """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default)."""
         if self.n != 1:
             raise APIError(f"n must be 1, got {self.n}", param="n")
+        if self.top_k > MAX_TOP_K:
+            raise APIError(f"top_k must be -1 (no limit) or at most {MAX_TOP_K}, got {self.top_k}",
+                           param="top_k")
         max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
         if max_tokens is not None and max_tokens >= max_seq_len:
             raise APIError(f"max_tokens is {max_tokens}, but this server's context holds "

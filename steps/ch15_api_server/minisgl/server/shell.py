@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 
 from minisgl.core import SamplingParams
 
@@ -11,14 +13,40 @@ from .frontend import Frontend
 HELP = "Type a message. /reset forgets the conversation, /exit (or Ctrl-D) quits."
 
 
+def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
+    """A daemon thread's body: put each line of stdin on `lines`, then None at its end.
+    Not an executor thread: asyncio.run and the interpreter's exit join those, so Ctrl-C at
+    the prompt would wait for the next Enter. It reads stdin's unbuffered file, a byte at a
+    time: a thread parked inside sys.stdin holds its buffer's lock, and the interpreter aborts
+    if it has to close that buffer at exit."""
+    encoding = sys.stdin.encoding or "utf-8"
+    try:
+        for line in iter(sys.stdin.buffer.raw.readline, b""):
+            loop.call_soon_threadsafe(lines.put_nowait, line.decode(encoding, "replace"))
+        loop.call_soon_threadsafe(lines.put_nowait, None)
+    except RuntimeError:  # the loop has closed: the shell has ended
+        pass
+
+
+async def _input(lines: asyncio.Queue) -> str:
+    """The next line typed at the prompt, like input(); EOFError at the end of stdin."""
+    print("> ", end="", flush=True)
+    line = await lines.get()
+    if line is None:
+        raise EOFError
+    return line
+
+
 async def _chat(frontend: Frontend, max_seq_len: int) -> None:
     loop = asyncio.get_running_loop()
     frontend.start(loop)
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+    threading.Thread(target=_read_stdin, args=(loop, lines), name="stdin", daemon=True).start()
     history: list[dict[str, str]] = []
     print(HELP)
     while True:
         try:
-            line = await loop.run_in_executor(None, input, "> ")
+            line = await _input(lines)
         except EOFError:
             print()
             return

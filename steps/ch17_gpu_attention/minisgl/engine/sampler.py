@@ -28,7 +28,9 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor,
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    # ranks > 0: the top-1 stays even for a top_p that float32 rounds to 0 (say 1e-300)
+    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p[:, None]) & (ranks > 0),
+                                              float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
@@ -47,8 +49,10 @@ class Sampler:
         rows = [[0.0 if p.is_greedy else p.temperature for p in params]]
         filtering = any(not p.is_greedy and (p.top_k >= 1 or p.top_p < 1.0) for p in params)
         if filtering:
-            rows += [[float(p.top_k if p.top_k >= 1 else self.vocab_size) for p in params],
-                     [p.top_p for p in params]]
+            # -1 or beyond the vocabulary: the whole vocabulary (float32 rounds a huge top_k to
+            # 2**63, which .long() turns negative: every token would be masked)
+            rows += [[float(min(p.top_k, self.vocab_size) if p.top_k >= 1 else self.vocab_size)
+                      for p in params], [p.top_p for p in params]]
         # One pinned copy: a pageable one would make the host wait for the device.
         values = pin(torch.tensor(rows), self.device).to(self.device, non_blocking=True)
         if not filtering:

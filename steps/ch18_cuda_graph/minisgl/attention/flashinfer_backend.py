@@ -36,8 +36,8 @@ class FlashInferBackend(BaseAttentionBackend):
 
     prepare_metadata plans the batch once: FlashInfer turns the batch's shape (query and page
     counts per request) into a work schedule on the host and copies it to the device; then
-    every layer's run() launches the kernels with that schedule. Planning is host work done on
-    the scheduler's stream, ahead of the forward.
+    every layer's run() launches the kernels with that schedule. Planning is host work, done
+    ahead of the forward on the engine's preparation stream (a graph's: see prepare_replay).
 
     With overlap scheduling, batch i+1 is planned while batch i still runs, and a plan
     overwrites its wrapper's schedule on the device. So there are two sets of wrappers, used in

@@ -39,6 +39,7 @@ class EngineConfig:
                              f"{self.custom_kernels!r}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        for name in ("max_running_req", "page_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_running_req", "page_size", "num_page_override", "max_seq_len_override"):
+            value = getattr(self, name)
+            if value is not None and value < 1:  # None: the override's default
+                raise ValueError(f"{name} must be >= 1, got {value}")

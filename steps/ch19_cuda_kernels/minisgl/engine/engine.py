@@ -220,7 +220,7 @@ class Engine:
         stream, run its forward on the engine's stream — a graph replay for a decode batch of
         a captured size, else eagerly — sample, and write the tokens of the requests at
         `sampled` (those that are not a partial prompt) into the token pool as their next
-        inputs. Nothing here waits for the device."""
+        inputs. The host waits only before a FlashInfer replay, for the last plan's copy."""
         reqs = batch.reqs
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):

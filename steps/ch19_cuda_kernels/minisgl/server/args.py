@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,15 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As uvicorn binds: a port left in TIME_WAIT by a server just stopped is free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), found by binding there."""
+    try:  # the socket's family follows the host: "::" needs an IPv6 socket
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        return f"--host {host}: {e.strerror}"
+    try:
+        with socket.socket(family, kind, proto) as s:
+            # As uvicorn binds: a port left in TIME_WAIT by a server just stopped is free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"port {port} on {host} is in use; choose another with --port"
+        return f"cannot listen on {host} port {port}: {e.strerror}"
+    return None
 
 
 def parse_args(argv: list[str]) -> ServerArgs:
@@ -103,8 +112,10 @@ def parse_args(argv: list[str]) -> ServerArgs:
         parser.error(f"--tp must be >= 1, got {a.tp}")
     if a.num_tokenizer < 0:
         parser.error(f"--num-tokenizer must be >= 0, got {a.num_tokenizer}")
-    if not a.shell and not _port_is_free(a.host, a.port):
-        parser.error(f"port {a.port} on {a.host} is in use; choose another with --port")
+    if not 1 <= a.port <= 65535:
+        parser.error(f"--port must be between 1 and 65535, got {a.port}")
+    if not a.shell and (problem := _cannot_listen(a.host, a.port)):
+        parser.error(problem)
     try:
         device = pick_device(a.device)
         dtype = DTYPES.get(a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
