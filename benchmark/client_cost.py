@@ -27,7 +27,7 @@ from types import ModuleType
 import httpx
 
 from online import CLIENTS
-from report import columns, machine_line, pad
+from report import aligned, machine_line
 
 WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as"]
 
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["客户端", "CPU 秒", "墙钟秒", "微秒/块", "块/秒（一个核）"]
     rows = [[f"--client {kind}", f"{cpu:.2f}", f"{wall:.2f}", f"{cpu / total * 1e6:.1f}",
              f"{total / cpu:,.0f}"] for kind, (cpu, wall) in best.items()]
-    widths = [max(columns(r[i]) for r in [header, *rows]) + 2 for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip())
+    print(aligned([header, *rows]))
     return 0
 
 

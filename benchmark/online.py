@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from process_cpu import server_processes, snapshot
-from report import columns, machine_line, pad, save
+from report import aligned, machine_line, save
 
 if TYPE_CHECKING:
     import httpx
@@ -535,9 +535,7 @@ def cpu_table(runs: list[dict]) -> str:
             per_token = seconds / run["output_tokens"] * 1e6 if run["output_tokens"] else 0.0
             cells.append(f"{seconds / run['duration_s']:.2f} · {per_token:,.0f}")
         rows.append(cells)
-    widths = [max(columns(row[i]) for row in rows) + 2 for i in range(len(rows[0]))]
-    return "\n".join("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip()
-                     for row in rows)
+    return aligned(rows)
 
 
 def table(runs: list[dict]) -> str:
@@ -549,9 +547,7 @@ def table(runs: list[dict]) -> str:
         f"{run['output_throughput']:,.1f}", fmt_triple(run["ttft_ms"]),
         fmt_triple(run["itl_ms"], digits=1), fmt_triple(run["e2e_ms"], 1 / 1000, 2)]
         for run in runs]
-    widths = [max(columns(row[i]) for row in rows) + 2 for i in range(len(head))]
-    return "\n".join("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip()
-                     for row in rows)
+    return aligned(rows)
 
 
 def plot(report: dict, path: str) -> None:

@@ -21,6 +21,13 @@ def pad(text: str, width: int) -> str:
     return text + " " * max(0, width - columns(text))
 
 
+def aligned(rows: list[list[str]]) -> str:
+    """Rows of cells as a table: columns aligned (CJK counted double), indented two spaces."""
+    widths = [max(columns(row[i]) for row in rows) + 2 for i in range(len(rows[0]))]
+    return "\n".join("  " + "".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
 def machine_line() -> str:
     """The first line of a recorded run (the same one tools/steps.py writes)."""
     sys.path.insert(0, str(ROOT / "tools"))

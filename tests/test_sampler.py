@@ -85,7 +85,9 @@ def test_filter_stops_at_the_prefix_that_exactly_reaches_top_p():
 def test_filter_keeps_top_1_when_top_p_underflows_to_zero():
     # SamplingParams accepts top_p=1e-300; as float32 it is 0, which must not mask every token.
     logits = torch.tensor([[0.0, 0.1, 0.2, 0.3]])
-    filtered = top_k_top_p_filter(logits, torch.tensor([4]), torch.tensor([1e-300]))
+    args = Sampler(CPU, 4, seed=0).prepare(
+        make_batch([SamplingParams(temperature=1.0, top_p=1e-300)]))
+    filtered = top_k_top_p_filter(logits, args.top_k, args.top_p)
     assert torch.isfinite(filtered[0]).nonzero().flatten().tolist() == [3]
 
 

@@ -8,6 +8,11 @@ from minisgl.core import Batch
 from minisgl.utils import pin
 
 
+# A smaller top_p (SamplingParams accepts 1e-300) is 0 in float32, which would mask even the
+# most likely token; at this floor that token stays, as nothing is ranked before it.
+TOP_P_FLOOR = torch.finfo(torch.float32).tiny
+
+
 @dataclass
 class SamplingArgs:
     """One batch's sampling parameters as device tensors, one entry per request. Sampler.prepare
@@ -28,9 +33,7 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor,
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the strictly better tokens
-    # ranks > 0: the top-1 stays even for a top_p that float32 rounds to 0 (say 1e-300)
-    sorted_logits = sorted_logits.masked_fill((mass_before >= top_p[:, None]) & (ranks > 0),
-                                              float("-inf"))
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
@@ -52,7 +55,7 @@ class Sampler:
             # -1 or beyond the vocabulary: the whole vocabulary (float32 rounds a huge top_k to
             # 2**63, which .long() turns negative: every token would be masked)
             rows += [[float(min(p.top_k, self.vocab_size) if p.top_k >= 1 else self.vocab_size)
-                      for p in params], [p.top_p for p in params]]
+                      for p in params], [max(p.top_p, TOP_P_FLOOR) for p in params]]
         # One pinned copy: a pageable one would make the host wait for the device.
         values = pin(torch.tensor(rows), self.device).to(self.device, non_blocking=True)
         if not filtering:
