@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""The animation of chapter 0, "一个请求的一生", from a real trace.
+
+    python tools/animate.py record   # a real run: server with --trace, four requests -> trace.json
+    python tools/animate.py data     # trace.json + script.json -> data.js, subtitles.vtt
+    python tools/animate.py video    # + narration (espeak-ng), frames (chromium), video (ffmpeg)
+
+Everything lives in book/assets/request-life/. `record` needs the model (models/), `data`
+only Python, `video` the Debian packages espeak-ng, ffmpeg and chromium plus a CJK font.
+
+Time: the player and the video run on "play time". script.json cuts the trace into scenes,
+each starting at an event it names and lasting `seconds` of play time; inside a scene, trace
+time is stretched linearly onto those seconds. So a 0.3 ms message and a one-second decode
+step can both be watched, and the subtitles (one cue per sentence) follow from the script
+alone: no audio tool is needed to compute or to check them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "book" / "assets" / "request-life"
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+LANES = {"api-server": "api", "tokenizer-0": "tokenizer", "scheduler-rank0": "scheduler"}
+FRAME_SIZE = (960, 600)
+
+
+# ------------------------------------------------------------------------------ the trace
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float  # seconds since the first event
+    lane: str  # api | tokenizer | scheduler
+    name: str
+    dur: float  # seconds; 0 for an instant
+    args: dict[str, Any]
+
+
+def load_events(trace: dict[str, Any]) -> list[Event]:
+    """The trace's events on the lanes the player draws, in time order, from t = 0."""
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    timed = [e for e in trace["traceEvents"] if e["ph"] in ("i", "X")
+             and names.get(e["pid"]) in LANES]
+    if not timed:
+        raise ValueError("the trace has no events of the api-server, tokenizer-0 and "
+                         "scheduler-rank0 processes")
+    origin = min(e["ts"] for e in timed)
+    events = [Event(round((e["ts"] - origin) / 1e6, 6), LANES[names[e["pid"]]], e["name"],
+                    round(e.get("dur", 0) / 1e6, 6), e.get("args", {})) for e in timed]
+    return sorted(events, key=lambda e: e.t)
+
+
+def find(events: list[Event], selector: dict[str, Any]) -> Event:
+    """The event a scene starts at: {"name": ..., "nth": k, and any args to match}."""
+    nth = selector.get("nth", 0)
+    want = {k: v for k, v in selector.items() if k not in ("name", "nth", "lane")}
+    found = [e for e in events if e.name == selector["name"]
+             and ("lane" not in selector or e.lane == selector["lane"])
+             and all(e.args.get(k) == v for k, v in want.items())]
+    if nth >= len(found):
+        raise ValueError(f"scene anchor {selector}: the trace has {len(found)} such events")
+    return found[nth]
+
+
+# ------------------------------------------------------------------------------ scenes, cues
+
+
+@dataclass(frozen=True)
+class Scene:
+    id: str
+    title: str
+    text: str  # the narration, which is also the subtitle
+    t0: float  # trace time where the scene starts
+    t1: float  # ... and where the next one starts
+    p0: float  # play time where the scene starts
+    p1: float
+
+
+def _value(event: Event, field: str) -> str:
+    if field in ("t", "dur"):
+        return f"{getattr(event, field):.1f}"
+    value = event.args[field]
+    return str(sum(value) if isinstance(value, list) else value)
+
+
+def narration(text: str, marks: dict[str, Event]) -> str:
+    """The text with each {mark.field} replaced by that event's value, so the numbers said
+    are the recorded ones: a field of its args (a list is summed), or t / dur in seconds."""
+    def replace(m: re.Match) -> str:
+        name, field = m.group(1), m.group(2)
+        if name not in marks:
+            raise ValueError(f"{{{name}.{field}}}: no mark named {name!r}")
+        return _value(marks[name], field)
+    return re.sub(r"\{(\w+)\.(\w+)\}", replace, text)
+
+
+def build_scenes(events: list[Event], script: dict[str, Any]) -> list[Scene]:
+    """Scenes with their trace and play intervals. Anchors must follow the trace's order."""
+    end = max(e.t + e.dur for e in events)
+    marks = {name: find(events, selector) for name, selector in script["marks"].items()}
+    starts = [0.0 if s["at"] == "start" else find(events, s["at"]).t for s in script["scenes"]]
+    for a, b, s in zip(starts, starts[1:], script["scenes"][1:]):
+        if b < a:
+            raise ValueError(f"scene {s['id']} starts at {b:.3f} s, before the scene ahead "
+                             f"of it ({a:.3f} s)")
+    scenes, p = [], 0.0
+    for i, s in enumerate(script["scenes"]):
+        t1 = starts[i + 1] if i + 1 < len(starts) else end
+        scenes.append(Scene(s["id"], s["title"], narration(s["text"], marks), starts[i], t1, p,
+                            p + s["seconds"]))
+        p += s["seconds"]
+    return scenes
+
+
+def sentences(text: str) -> list[str]:
+    """The subtitle lines of a narration: its sentences (kept with their punctuation)."""
+    return [s for s in re.findall(r"[^。！？]+[。！？]?", text.strip()) if s.strip()]
+
+
+def cues(scenes: list[Scene]) -> list[tuple[float, float, str]]:
+    """One cue per sentence; a scene's seconds shared by its sentences in proportion to
+    their length (as a reader's voice spends them)."""
+    out = []
+    for s in scenes:
+        parts = sentences(s.text)
+        total, start = sum(len(x) for x in parts), s.p0
+        for x in parts:
+            stop = start + (s.p1 - s.p0) * len(x) / total
+            out.append((round(start, 3), round(stop, 3), x.strip()))
+            start = stop
+    return out
+
+
+def _stamp(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
+def webvtt(scenes: list[Scene]) -> str:
+    lines = ["WEBVTT", ""]
+    for i, (a, b, text) in enumerate(cues(scenes), 1):
+        lines += [str(i), f"{_stamp(a)} --> {_stamp(b)}", text, ""]
+    return "\n".join(lines)
+
+
+def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any]) -> str:
+    """data.js: what the player needs, as one global (a file:// page cannot fetch JSON)."""
+    data = {"recorded": script["recorded"], "requests": script["requests"],
+            "scenes": [s.__dict__ for s in scenes], "cues": cues(scenes),
+            "events": [[e.t, e.lane, e.name, e.dur, e.args] for e in events]}
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"// Generated by tools/animate.py data from trace.json and script.json.\n" \
+           f"window.REQUEST_LIFE = {body};\n"
+
+
+def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any]]:
+    script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
+    events = load_events(json.loads((assets / "trace.json").read_text(encoding="utf-8")))
+    return events, build_scenes(events, script), script
+
+
+def write_data(assets: Path = ASSETS) -> list[Scene]:
+    events, scenes, script = load(assets)
+    (assets / "data.js").write_text(player_data(events, scenes, script), encoding="utf-8")
+    (assets / "subtitles.vtt").write_text(webvtt(scenes), encoding="utf-8")
+    return scenes
+
+
+# ------------------------------------------------------------------------------ record
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def record(out: Path, script: dict[str, Any]) -> None:
+    """Start a server with --trace, send script["requests"] as a client would, stop it."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
+             "--trace", str(trace), "--num-pages", "2048", "--max-seq-len", "512",
+             "--max-running-req", "8"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            for line in server.stdout:
+                print(line, end="")
+                if "ready" in line:
+                    break
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            threads = [threading.Thread(target=_client, args=(url, r)) for r in script["requests"]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            time.sleep(0.5)  # the abort's last messages
+        finally:
+            server.send_signal(signal.SIGTERM)
+            print(server.communicate(timeout=60)[0], end="")
+        shutil.copy(trace, out)
+
+
+def _client(url: str, request: dict[str, Any]) -> None:
+    """One streaming chat request; with `read_chunks`, hang up after that many chunks."""
+    import httpx
+
+    time.sleep(request["delay"])
+    body = {"model": "m", "messages": [{"role": "user", "content": request["content"]}],
+            "max_tokens": request["max_tokens"], "stream": True, "temperature": 0}
+    text, chunks = "", 0
+    with httpx.stream("POST", url, json=body, timeout=600) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            delta = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            text, chunks = text + delta, chunks + 1
+            if chunks == request.get("read_chunks"):
+                break  # closing the stream: the client is gone
+    print(f"{request['content']!r} -> {text!r}")
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["record", "data", "video"])
+    args = parser.parse_args()
+    if args.command == "record":
+        script = json.loads((ASSETS / "script.json").read_text(encoding="utf-8"))
+        record(ASSETS / "trace.json", script)
+    elif args.command == "data":
+        scenes = write_data()
+        print(f"{len(scenes)} scenes, {scenes[-1].p1:.1f} s -> {ASSETS}/data.js, subtitles.vtt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
