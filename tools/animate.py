@@ -18,6 +18,7 @@ alone: no audio tool is needed to compute or to check them.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -243,6 +244,149 @@ def _client(url: str, request: dict[str, Any]) -> None:
     print(f"{request['content']!r} -> {text!r}")
 
 
+# ------------------------------------------------------------------------------ video
+
+VOICE = ["espeak-ng", "-v", "cmn", "-s", "300"]  # Mandarin; espeak's default rate drags
+FPS = 4  # frames per second of play time: messages take 0.6 s to cross, so 2-3 frames each
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--hide-scrollbars"]
+
+
+def _duration(path: Path) -> float:
+    out = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "format=duration",
+                          "-of", "csv=p=0", str(path)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def narrate(scenes: list[Scene], work: Path) -> Path:
+    """One WAV of the whole narration: each scene's speech, padded with silence to the
+    scene's seconds, so the voice starts when its subtitles do."""
+    parts = []
+    for i, s in enumerate(scenes):
+        wav = work / f"scene{i:02d}.wav"
+        subprocess.run([*VOICE, "-w", str(wav), s.text], check=True)
+        spoken, room = _duration(wav), s.p1 - s.p0
+        if spoken > room:
+            raise ValueError(f"scene {s.id}: its narration takes {spoken:.1f} s but the scene "
+                             f"lasts {room:.1f} s; raise its seconds in script.json")
+        parts.append((wav, room))
+    inputs = [arg for wav, _ in parts for arg in ("-i", str(wav))]
+    pads = "".join(f"[{i}:a]apad=whole_dur={room}[a{i}];" for i, (_, room) in enumerate(parts))
+    joined = "".join(f"[a{i}]" for i in range(len(parts)))
+    out = work / "narration.wav"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", *inputs, "-filter_complex",
+                    f"{pads}{joined}concat=n={len(parts)}:v=0:a=1[out]", "-map", "[out]",
+                    str(out)], check=True)
+    return out
+
+
+class _DevTools:
+    """Headless Chromium driven over --remote-debugging-pipe (fds 3 and 4): the DevTools
+    protocol with nothing to install, NUL-terminated JSON each way."""
+
+    def __init__(self, chromium: str, profile: str) -> None:
+        to_child, self._write = os.pipe()
+        self._read, from_child = os.pipe()
+
+        def fds() -> None:  # in the child: its ends as fds 3 and 4, kept across exec
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_child, from_child)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self.process = subprocess.Popen(
+            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--remote-debugging-pipe", "about:blank"], preexec_fn=fds, close_fds=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer, self._id, self.session = b"", 0, None
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params}
+        if self.session and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self._write, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._next()
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def wait_for(self, event: str) -> None:
+        while self._next().get("method") != event:
+            pass
+
+    def _next(self) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            chunk = os.read(self._read, 1 << 20)
+            if not chunk:
+                raise RuntimeError("chromium closed the DevTools pipe")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
+    """Screenshots of the player at FPS frames per play second; how many."""
+    import base64
+
+    total = scenes[-1].p1
+    count = int(total * FPS)
+    with tempfile.TemporaryDirectory() as profile:
+        tools = _DevTools(chromium, profile)
+        try:
+            target = tools.call("Target.createTarget", url="about:blank")["targetId"]
+            tools.session = tools.call("Target.attachToTarget", targetId=target,
+                                       flatten=True)["sessionId"]
+            tools.call("Page.enable")
+            tools.call("Emulation.setDeviceMetricsOverride", width=FRAME_SIZE[0],
+                       height=FRAME_SIZE[1], deviceScaleFactor=1, mobile=False)
+            tools.call("Page.navigate", url=(ASSETS / "index.html").as_uri())
+            tools.wait_for("Page.loadEventFired")
+            for i in range(count):
+                tools.call("Runtime.evaluate", expression=f"showFrame({i / FPS})")
+                shot = tools.call("Page.captureScreenshot", format="png")["data"]
+                (work / f"frame{i:05d}.png").write_bytes(base64.b64decode(shot))
+                if i % (10 * FPS) == 0:
+                    print(f"frame {i}/{count}", flush=True)
+        finally:
+            tools.close()
+    return count
+
+
+def render_video(assets: Path = ASSETS) -> Path:
+    """video.mp4: the frames, the narration and the subtitles (also a soft subtitle track)."""
+    scenes = write_data(assets)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    missing = [t for t in ("espeak-ng", "ffmpeg", "ffprobe") if not shutil.which(t)]
+    if missing or not chromium:
+        raise SystemExit(f"missing {', '.join(missing + ([] if chromium else ['chromium']))}: "
+                         "apt-get install -y espeak-ng ffmpeg chromium fonts-wqy-microhei")
+    out = assets / "video.mp4"
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        audio = narrate(scenes, work)
+        frames(scenes, work, chromium)
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-framerate", str(FPS),
+                        "-i", str(work / "frame%05d.png"), "-i", str(audio),
+                        "-i", str(assets / "subtitles.vtt"),
+                        "-map", "0:v", "-map", "1:a", "-map", "2:s",
+                        "-c:v", "libx264", "-preset", "medium", "-crf", "28", "-tune", "animation",
+                        "-pix_fmt", "yuv420p", "-r", str(FPS),
+                        "-c:a", "aac", "-b:a", "48k", "-ac", "1",
+                        "-c:s", "mov_text", "-metadata:s:s:0", "language=chi",
+                        "-t", f"{scenes[-1].p1:.3f}", "-movflags", "+faststart", str(out)],
+                       check=True)
+    return out
+
+
 # ------------------------------------------------------------------------------ command line
 
 
@@ -256,6 +400,9 @@ def main() -> int:
     elif args.command == "data":
         scenes = write_data()
         print(f"{len(scenes)} scenes, {scenes[-1].p1:.1f} s -> {ASSETS}/data.js, subtitles.vtt")
+    else:
+        out = render_video()
+        print(f"{out}: {_duration(out):.1f} s, {out.stat().st_size / 1e6:.1f} MB")
     return 0
 
 

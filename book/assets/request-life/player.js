@@ -268,6 +268,8 @@
   scrub.oninput = () => { P = total * Number(scrub.value) / 1000; render(); };
   document.addEventListener("keydown", (e) => { if (e.code === "Space") { e.preventDefault(); setPlaying(!playing); } });
 
+  // For tools/animate.py's frames: show play time p and nothing but the stage.
+  window.showFrame = (p) => { document.body.classList.add("frame"); playing = false; P = p; render(); };
   const still = new URLSearchParams(location.search).get("t");
   if (still !== null) { document.body.classList.add("frame"); P = Number(still); }
   render();
