@@ -81,8 +81,8 @@
         case "queued": st.waiting.push(uid); break;
         case "admit":
           st.waiting = st.waiting.filter((u) => u !== uid);
-          // The step that admitted it started (and was replayed) just before this event.
-          st.rows[uid] = { row: a.row, hit: a.hit, own: a.pages, cached: a.hit };
+          // Its pages come with the step that computes it, which starts right after.
+          st.rows[uid] = { row: a.row, hit: a.hit, own: 0, cached: a.hit };
           break;
         case "prefill": case "decode":
           a.uids.forEach((u, i) => { if (st.rows[u]) st.rows[u].own += a.pages[i]; });
