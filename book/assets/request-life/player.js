@@ -107,7 +107,7 @@
 
   const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const T = (x, y, s, cls = "", extra = "") => `<text x="${x}" y="${y}" class="${cls}" ${extra}>${esc(s)}</text>`;
-  const rowY = (uid) => 62 + uid * 34;
+  const rowY = (uid) => 74 + uid * 32;
   const color = (uid) => UID_COLORS[uid % UID_COLORS.length];
 
   function wrap(text, width) {
@@ -257,16 +257,22 @@
     if (on) { if (P >= total) P = 0; requestAnimationFrame(tick); }
     render();
   }
+  // Next scene; back to this scene's start, or to the one before when already there.
   function jump(direction) {
-    const i = scenes.findIndex((s) => P < s.p1 - 1e-6);
-    const j = Math.min(scenes.length - 1, Math.max(0, (i < 0 ? scenes.length - 1 : i) + direction));
-    P = scenes[j].p0; render();
+    let i = scenes.findIndex((s) => P < s.p1 - 1e-6);
+    if (i < 0) i = scenes.length - 1;
+    if (!(direction < 0 && P - scenes[i].p0 > 1)) i = Math.min(scenes.length - 1, Math.max(0, i + direction));
+    P = scenes[i].p0; render();
   }
   playButton.onclick = () => setPlaying(!playing);
   document.getElementById("next").onclick = () => jump(1);
-  document.getElementById("prev").onclick = () => jump(P - scenes[Math.max(0, scenes.findIndex((s) => P < s.p1))].p0 > 1 ? 0 : -1);
+  document.getElementById("prev").onclick = () => jump(-1);
   scrub.oninput = () => { P = total * Number(scrub.value) / 1000; render(); };
-  document.addEventListener("keydown", (e) => { if (e.code === "Space") { e.preventDefault(); setPlaying(!playing); } });
+  document.addEventListener("keydown", (e) => {
+    if (e.code === "Space") { e.preventDefault(); setPlaying(!playing); }
+    if (e.code === "ArrowRight") jump(1);
+    if (e.code === "ArrowLeft") jump(-1);
+  });
 
   // For tools/animate.py's frames: show play time p and nothing but the stage.
   window.showFrame = (p) => { document.body.classList.add("frame"); playing = false; P = p; render(); };
