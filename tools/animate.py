@@ -18,6 +18,7 @@ alone: no audio tool is needed to compute or to check them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import fcntl
 import json
 import os
@@ -28,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import wave
 from dataclasses import dataclass
@@ -162,9 +162,10 @@ def webvtt(scenes: list[Scene]) -> str:
     return "\n".join(lines)
 
 
-def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any]) -> str:
+def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any],
+                requests: list[dict[str, Any]]) -> str:
     """data.js: what the player needs, as one global (a file:// page cannot fetch JSON)."""
-    data = {"recorded": script["recorded"], "requests": script["requests"],
+    data = {"recorded": script["recorded"], "requests": requests,
             "scenes": [s.__dict__ for s in scenes], "cues": cues(scenes),
             "events": [[e.t, e.lane, e.name, e.dur, e.args] for e in events]}
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
@@ -172,15 +173,20 @@ def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any]
            f"window.REQUEST_LIFE = {body};\n"
 
 
-def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any]]:
+def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any],
+                                         list[dict[str, Any]]]:
+    """Events, scenes, the script, and the recorded requests by uid."""
     script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
-    events = load_events(json.loads((assets / "trace.json").read_text(encoding="utf-8")))
-    return events, build_scenes(events, script), script
+    trace = json.loads((assets / "trace.json").read_text(encoding="utf-8"))
+    events = load_events(trace)
+    requests = sorted(trace["otherData"]["requests"], key=lambda r: r["uid"])
+    return events, build_scenes(events, script), script, requests
 
 
 def write_data(assets: Path = ASSETS) -> list[Scene]:
-    events, scenes, script = load(assets)
-    (assets / "data.js").write_text(player_data(events, scenes, script), encoding="utf-8")
+    events, scenes, script, requests = load(assets)
+    (assets / "data.js").write_text(player_data(events, scenes, script, requests),
+                                    encoding="utf-8")
     (assets / "subtitles.vtt").write_text(webvtt(scenes), encoding="utf-8")
     return scenes
 
@@ -195,9 +201,8 @@ def _free_port() -> int:
 
 
 def record(out: Path, script: dict[str, Any]) -> None:
-    """Start a server with --trace, send script["requests"] as a client would, stop it."""
-    import httpx
-
+    """Start a server with --trace, send script["requests"] as clients would, stop it, and
+    keep the trace with which uid each request got (the server numbers them as they come)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,35 +218,52 @@ def record(out: Path, script: dict[str, Any]) -> None:
                 if "ready" in line:
                     break
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            threads = [threading.Thread(target=_client, args=(url, r)) for r in script["requests"]]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            uids = asyncio.run(_clients(url, script["requests"]))
             time.sleep(0.5)  # the abort's last messages
         finally:
             server.send_signal(signal.SIGTERM)
             print(server.communicate(timeout=60)[0], end="")
-        shutil.copy(trace, out)
+        recorded = json.loads(trace.read_text(encoding="utf-8"))
+    recorded["otherData"] = {"requests": [{**r, "uid": uid}
+                                          for r, uid in zip(script["requests"], uids)]}
+    prefills = [e.args["uids"] for e in load_events(recorded) if e.name == "prefill"]
+    if uids != list(range(len(uids))) or prefills[:2] != [[0], list(range(1, len(uids)))]:
+        raise SystemExit(f"the scenes tell of request 0 prefilled alone while the others "
+                         f"wait, then the others in one batch; this run went otherwise "
+                         f"(uids {uids}, prefill batches {prefills}): run it again")
+    out.write_text(json.dumps(recorded, ensure_ascii=False), encoding="utf-8")
 
 
-def _client(url: str, request: dict[str, Any]) -> None:
-    """One streaming chat request; with `read_chunks`, hang up after that many chunks."""
+async def _clients(url: str, requests: list[dict[str, Any]]) -> list[int]:
+    """The requests as streaming chats, started `delay` seconds apart from one event loop
+    (so they reach the server in this order); the uid each one got."""
     import httpx
 
-    time.sleep(request["delay"])
+    async with httpx.AsyncClient(timeout=600) as client:
+        tasks = []
+        for r in requests:
+            await asyncio.sleep(r["delay"])
+            tasks.append(asyncio.create_task(_chat(client, url, r)))
+        return list(await asyncio.gather(*tasks))
+
+
+async def _chat(client: Any, url: str, request: dict[str, Any]) -> int:
+    """One streaming chat; with `read_chunks`, hang up after that many chunks."""
     body = {"model": "m", "messages": [{"role": "user", "content": request["content"]}],
             "max_tokens": request["max_tokens"], "stream": True, "temperature": 0}
-    text, chunks = "", 0
-    with httpx.stream("POST", url, json=body, timeout=600) as response:
-        for line in response.iter_lines():
+    text, chunks, uid = "", 0, -1
+    async with client.stream("POST", url, json=body) as response:
+        async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
-            delta = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-            text, chunks = text + delta, chunks + 1
+            chunk = json.loads(line[6:])
+            uid = int(chunk["id"].rsplit("-", 1)[1])  # chatcmpl-<uid>
+            text += chunk["choices"][0]["delta"].get("content") or ""
+            chunks += 1
             if chunks == request.get("read_chunks"):
                 break  # closing the stream: the client is gone
-    print(f"{request['content']!r} -> {text!r}")
+    print(f"uid {uid}: {request['content']!r} -> {text!r}")
+    return uid
 
 
 # ------------------------------------------------------------------------------ video

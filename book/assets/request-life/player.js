@@ -69,7 +69,7 @@
   // Everything that happened up to play time P.
   function stateAt(P) {
     const st = { clients: {}, waiting: [], rows: {}, radix: [], step: null, steps: [], busy: {} };
-    for (const r of D.requests.keys()) st.clients[r] = { text: "", state: "未发出" };
+    for (const r of D.requests) st.clients[r.uid] = { text: "", state: "未发出" };
     for (const e of events) {
       if (e.p > P) break;
       const a = e.args, uid = a.uid, c = st.clients[uid];
@@ -133,7 +133,7 @@
       names[lane].split("\n").forEach((n, i) => { out += T(x0 + 8, 40 + i * 15, n, "lane-title"); });
     }
     for (const uid of Object.keys(st.clients).map(Number)) {
-      const c = st.clients[uid], y = rowY(uid), req = D.requests[uid];
+      const c = st.clients[uid], y = rowY(uid), req = D.requests.find((r) => r.uid === uid);
       out += `<circle cx="22" cy="${y - 4}" r="6" fill="${color(uid)}"/>`;
       out += T(32, y, `uid ${uid}：${req.content}`, "small");
       const shown = c.text.length > 30 ? "…" + c.text.slice(-29) : c.text;
@@ -242,7 +242,7 @@
     svg.innerHTML = drawTop(st, P) + drawFlights(P) + drawMemory(st) + drawTimeline(P) + drawSubtitle(P);
     scrub.value = String(Math.round(1000 * P / total));
     clock.textContent = `${fmt(P)} / ${fmt(total)}`;
-    playButton.textContent = playing ? "⏸" : "▶";
+    playButton.textContent = playing ? "暂停" : "播放";
   }
   function tick(now) {
     if (!playing) return;
