@@ -227,6 +227,7 @@
     const cue = D.cues.find(([a, b]) => P >= a && P < b) || D.cues[D.cues.length - 1];
     let out = `<rect class="subtitle-bg" x="0" y="512" width="960" height="88"/>`;
     out += T(14, 530, `${scenes.indexOf(scene) + 1}/${scenes.length} · ${scene.title}`, "scene-title");
+    out += T(946, 530, `真实运行：${D.recorded}`, "scene-title", 'text-anchor="end"');
     wrap(cue[2], 86).slice(0, 2).forEach((line, i) => { out += T(480, 556 + i * 26, line, "subtitle", 'text-anchor="middle"'); });
     return out;
   }
