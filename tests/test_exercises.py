@@ -49,8 +49,11 @@ def _test_functions(module: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def chapter_tests() -> dict[int, dict[str, Path]]:
-    """Each chapter's own test modules by file name (finding them parses every test module)."""
-    return {n: {p.name: p for p in steps.chapter_tests(ROOT, n)} for n in {ex.chapter for ex in ALL}}
+    """Each chapter's own test modules by file name, as steps.chapter_tests finds them."""
+    modules: dict[int, dict[str, Path]] = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        modules.setdefault(steps.declared_chapter(path), {})[path.name] = path
+    return modules
 
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
@@ -82,13 +85,19 @@ def test_exercise_is_the_chapters_own_code_and_its_tests(ex, chapter_tests):
     assert f"python tools/steps.py exercise {ex.chapter} {ex.name}" in page
 
 
-def test_the_solution_puts_back_the_chapters_file(tmp_path):
-    ex = ALL[0]
-    exercises.prepare(ROOT, ex, tmp_path)
-    chapter_file = exercises.chapter_file(ROOT, ex)
-    assert (tmp_path / ex.file).read_bytes() != chapter_file.read_bytes()
-    exercises.restore(ROOT, ex, tmp_path)
-    assert (tmp_path / ex.file).read_bytes() == chapter_file.read_bytes()
+def test_the_command_lists_takes_out_and_puts_back(tmp_path, capsys):
+    ex = exercises.find_exercise(ROOT, 9, "evict")
+    assert steps.main(["exercise", "9", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(e.name in listed for e in exercises.exercises(ROOT, 9))
+    dest, chapter_file = tmp_path / "evict", exercises.chapter_file(ROOT, ex)
+    assert steps.main(["exercise", "9", "evict", "--dir", str(dest)]) == 0
+    assert f"python -m pytest -q {' '.join(ex.tests)}" in capsys.readouterr().out
+    assert f"raise NotImplementedError({ex.message!r})" in (dest / ex.file).read_text(encoding="utf-8")
+    assert steps.main(["exercise", "9", "evict", "--solution", "--dir", str(dest)]) == 0
+    assert (dest / ex.file).read_bytes() == chapter_file.read_bytes()
+    assert steps.main(["exercise", "9", "no_such_exercise"]) == 2
+    assert "evict" in capsys.readouterr().err  # the error lists the chapter's exercises
 
 
 def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
