@@ -97,7 +97,7 @@ def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, int]:
         body = body[1:]
     if not body:
         raise StepsError(f"{node.name} has nothing but a docstring to take out")
-    if body[0].lineno == node.body[0].lineno == node.lineno:
+    if body[0].lineno == node.lineno:
         raise StepsError(f"{node.name} is written on its def line; give it a body of its own")
     return body[0].lineno, body[-1].end_lineno
 
