@@ -11,7 +11,7 @@ hardware（H200 的规格：4.8 TB/s、989 TFLOP/s），另画一条假设的 4.
   kernel_bench 数的字节是每个元素读写各 2 字节。KV 写入和 gather 只搬数据、没有浮点运算，强度为 0，
   画不到对数坐标上，只在图注里写出它们的带宽。
 
-    python benchmark/roofline_chart.py                      # -> book/assets/ch21_roofline_chart.h200.png
+    python benchmark/roofline_chart.py        # -> book/assets/ch21_roofline_chart.h200.png
 """
 
 from __future__ import annotations
