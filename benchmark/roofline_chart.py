@@ -1,7 +1,8 @@
 """屋顶线图：算术强度（FLOP/字节）对实测的 FLOP/s，双对数坐标，从记录下来的结果画，不需要 GPU。
 
 屋顶是 min(峰值算力, 强度 × 带宽)，拐点（ridge）在 峰值 / 带宽；带宽和峰值取自屋顶线记录里的
-hardware（H200 的规格：4.8 TB/s、989 TFLOP/s），另画一条假设的 4.3 TB/s 拷贝速度。点：
+hardware（H200 的规格：4.8 TB/s、989 TFLOP/s），另画一条实测的 4.0 TB/s 拷贝速度
+（kernel_bench.py 的 copy 行，book/runs/ch21_client_kernels.h200.txt）。点：
 
 - 官方负载的 prefill、batch 1 与 batch 256 的 decode：benchmark/roofline.py --json 的逐步记录
   （每一步的浮点运算、必须搬的字节、CUDA event 量的时间），同一类的步加在一起；其余 decode 步画成淡点；
@@ -29,7 +30,7 @@ RUNS = ROOT / "book" / "runs"
 DEFAULTS = {"steps": RUNS / "ch21_roofline.h200.json", "moe": RUNS / "ch20_moe_bench.h200.txt",
             "kernels": RUNS / "ch19_kernel_bench.h200.txt",
             "out": ROOT / "book" / "assets" / "ch21_roofline_chart.h200.png"}
-COPY_BANDWIDTH = 4.3e12  # minisgl.benchmark.roofline.H200_COPY_BANDWIDTH: an assumption
+COPY_BANDWIDTH = 4.0e12  # minisgl.benchmark.roofline.H200_COPY_BANDWIDTH: measured
 QK_FLOPS_PER_ELEMENT = 7  # qk_norm_rope.cu, per pair: a*a + b*b + sum (4), 2 x (x*inv_rms*w) (4),
 # the rotation na*cos - nb*sin, nb*cos + na*sin (6)
 QK_BYTES_PER_ELEMENT = 4  # as kernel_bench.py counts: a bfloat16 read and written
@@ -101,7 +102,7 @@ def plot(named: list[Point], faint: list[Point], bandwidth: float, peak: float,
             label=f"roof: {bandwidth / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s bf16 (spec)")
     copy_xs = [0.1, peak / COPY_BANDWIDTH, 2e4]
     ax.plot(copy_xs, [min(peak, x * COPY_BANDWIDTH) for x in copy_xs], color="grey", lw=1,
-            ls="--", label=f"{COPY_BANDWIDTH / 1e12:.1f} TB/s (assumed copy rate)")
+            ls="--", label=f"{COPY_BANDWIDTH / 1e12:.1f} TB/s (measured copy rate)")
     ax.axvline(ridge, color="black", ls=":", lw=1)
     ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(6, -14),
                 textcoords="offset points", fontsize=9)
