@@ -8,8 +8,10 @@ httpx 直接说 OpenAI 的协议（流式请求，server-sent events 一行一�
 到顶，测到的就是客户端（第 21 章；benchmark/client_cost.py 单独量两个客户端每块的 CPU）。
 于是每个请求都有：
   TTFT  首 token 时间：从发出请求到收到第一块非空文本；
-  ITL   token 间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数；服务器每个
-        token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
+  ITL   块间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数）。服务器每段新文字
+        发一块，但一个请求排队的几段会并成一块（读的一方落后时），半个 UTF-8 字符的 token 也
+        并进下一块，所以一块可能不止一个 token；按 token 算的间隔另有 TPOT：每个请求
+        (E2E − TTFT) / (token 数 − 1)，写进 --json，并在下限一节打印；
   E2E   端到端延迟：从发出请求到流结束。
 每个速率报告请求吞吐（完成的请求数 / 用时）、输出 token/s，以及三种延迟的 p50 / p90 / p99，打成
 一张表；另一张表是每个进程在这段时间里用的 CPU（客户端自己，以及服务器的启动者即 API Server、
@@ -75,7 +77,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -265,6 +267,7 @@ def summarize(results: list[Result], duration: float) -> dict:
         "output_throughput": output_tokens / duration if duration > 0 else 0.0,
         "prompt_tokens": sum(r.prompt_tokens for r in ok), "output_tokens": output_tokens,
         "exact_output_lengths": all(r.output_tokens == r.requested_tokens for r in ok),
+        "chunks": sum(len(r.itl) + 1 for r in ok),  # text chunks received
         "ttft_ms": stats(ms(r.ttft for r in ok)),
         "itl_ms": stats(ms(gap for r in ok for gap in r.itl)),
         "e2e_ms": stats(ms(r.e2e for r in ok)),
@@ -518,13 +521,15 @@ def _client_process(k: int, client_kind: str, base_url: str, model: str,
 
 
 def replay_in_processes(client_kind: str, base_url: str, model: str, requests: list[Request],
-                        arrivals: list[float], label: str, processes: int
-                        ) -> tuple[list[Result], float, float]:
+                        arrivals: list[float], label: str, processes: int,
+                        on_start: Callable[[], None]) -> tuple[list[Result], float, float]:
     """replay() split over client processes, so that the client's own CPU (parsing every
     chunk of every stream) cannot be what limits a fast server. All processes count time from
-    the same instant (perf_counter is the system's monotonic clock, shared by processes).
+    the same instant (perf_counter is the system's monotonic clock, shared by processes), and
+    `on_start` runs at that instant (readings of the server's counters before the run).
     The results in request order, the duration, and the clients' CPU seconds in all."""
     if processes <= 1:
+        on_start()
         cpu = time.process_time()
         results, duration = asyncio.run(replay(client_kind, base_url, model, requests,
                                                arrivals, label))
@@ -544,6 +549,8 @@ def replay_in_processes(client_kind: str, base_url: str, model: str, requests: l
     for w in workers:
         w.start()
     print(f"  ……{label}：{len(groups)} 个客户端进程", file=sys.stderr, flush=True)
+    time.sleep(max(0.0, start - time.perf_counter()))
+    on_start()
     results: list[Result] = [Result(i) for i in range(len(requests))]
     duration = cpu = 0.0
     for _ in workers:
@@ -719,11 +726,15 @@ def floors(runs: list[dict], offline: list[dict], gpu: bool) -> str:
                 lines.append(f"  {run['label']}：ITL p50 {itl:.1f} ms，引擎 decode 一步 "
                              f"{o['decode_ms']:.2f} ms（平均 batch {o['decode_batch']:.0f}），"
                              f"{itl / o['decode_ms']:.2f} 倍（≤ 2 倍：{mark(itl <= 2 * o['decode_ms'])}）")
+                if (tpot := run["tpot_ms"]["p50"]) is not None:  # a chunk may carry several
+                    lines.append(f"  {run['label']}：每个 token 的间隔 TPOT p50 {tpot:.1f} ms，"
+                                 f"{tpot / o['decode_ms']:.2f} 倍；平均每块 "
+                                 f"{run['output_tokens'] / max(run['chunks'], 1):.2f} 个 token")
     if gpu:
         for run in (r for r in runs if r["rate"] == 16.0 and r["completed"]):
             ttft = run["ttft_ms"]["p50"]
             lines.append(f"  {run['label']}：TTFT p50 {ttft:.0f} ms（≤ 150 ms：{mark(ttft <= 150)}）")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def plot(report: dict, path: str) -> None:
@@ -915,13 +926,17 @@ def main(argv: list[str] | None = None) -> int:
                 args.profile.mkdir(parents=True, exist_ok=True)
             recorders = ([pyspy.start(pid, args.profile / f"{slug(label)}-{slug(name)}.txt")
                           for name, pid in processes.items()] if args.profile else [])
-            counters = scheduler_counters(base_url)
-            threads = {name: thread_seconds(pid) for name, pid in processes.items()}
-            before = snapshot(processes)
+            at_start: dict = {}
+
+            def read_counters() -> None:  # at the run's first instant
+                at_start.update(counters=scheduler_counters(base_url), before=snapshot(processes),
+                                threads={n: thread_seconds(pid) for n, pid in processes.items()})
+
             results, duration, client = replay_in_processes(
                 args.client, base_url, model_name, requests, arrivals, label,
-                args.client_processes)
+                args.client_processes, read_counters)
             after = snapshot(processes)
+            counters, before, threads = (at_start[k] for k in ("counters", "before", "threads"))
             counters = {k: v - counters[k] for k, v in scheduler_counters(base_url).items()
                         if k in counters}
             for error in pyspy.stop(recorders):
@@ -998,8 +1013,8 @@ def main(argv: list[str] | None = None) -> int:
         offline = compare_offline(args, [(round_, workload(round_), tokenizer)
                                          for round_, rate in enumerate(args.rates)
                                          if math.isinf(rate)])
-    if gpu or offline:
-        print(floors(runs, offline, gpu))
+    if (lines := floors(runs, offline, gpu)):
+        print(lines)
     if args.profile:
         for path in sorted(args.profile.glob("*.txt")):
             print(pyspy.summary(path, top=15))

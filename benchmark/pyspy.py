@@ -10,7 +10,8 @@ py-spy 的 raw 格式：每种不同的调用栈一行，帧从根到叶用 ';' 
     python benchmark/pyspy.py FILE --top 40
 
 包含时间（inclusive）：栈里出现过这个函数的样本所占的比例（一个样本里同一函数出现多次只算一次），
-所以调用者的比例 ≥ 被调用者的。函数按"名字 (文件名)"合并，不区分行号。
+所以调用者的比例 ≥ 被调用者的。函数按"名字 (文件名)"合并，不区分行号。几乎每个样本都有的函数
+（≥ 97%，通往线程主循环的调用路径）不列出；只在等待的线程（没有别的函数）整个不列出。
 """
 
 from __future__ import annotations
@@ -75,15 +76,22 @@ def read(path: Path) -> dict[str, collections.Counter]:
     return threads
 
 
+ANCESTOR = 0.97  # a function in this share of a thread's samples or more: its call path
+
+
 def summary(path: Path, top: int = 25) -> str:
+    """Per thread, the functions with the most inclusive samples; the call path leading to the
+    thread's work (functions in nearly every sample) and threads that only wait are left out."""
     lines = [f"== {path.name}"]
     threads = read(path)
     for thread, counts in sorted(threads.items(), key=lambda kv: -kv[1][""]):
         total = counts[""]
+        shown = [(name, n) for name, n in counts.most_common()
+                 if name and n < ANCESTOR * total][:top]
+        if not shown:
+            continue
         lines.append(f"  {thread}: {total} 个样本（{total / RATE:.1f} 秒）")
-        for name, n in counts.most_common(top + 1):
-            if name:
-                lines.append(f"    {n / total:6.1%}  {name}")
+        lines += [f"    {n / total:6.1%}  {name}" for name, n in shown]
     return "\n".join(lines)
 
 

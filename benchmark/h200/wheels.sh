@@ -9,5 +9,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     flashinfer-python==0.5.3 "apache-tvm-ffi<0.2,>=0.1" einops ninja nvidia-ml-py tabulate \
     fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc \
     opentelemetry-api typing-extensions anyio sniffio uvicorn h11 click pyzmq msgpack httpx \
-    httpcore certifi idna openai jiter distro py-spy
+    httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy
 du -sh .whl
