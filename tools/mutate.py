@@ -49,6 +49,8 @@ EQUIVALENT = Path(__file__).resolve().parent / "mutate_equivalent.txt"
 # and a pytest -k expression that selects its tests. Cheapest first: pytest -x stops a mutant at
 # its first failing test, so the order decides how long a killed mutant takes.
 FAST_SCHEDULER = "not random and not example"  # no randomized runs, no example processes
+FAST_GRAPH = "not example and not tp2 and not eager_tokens"  # no transformers, one process
+FAST_ATTENTION = "not example and not hf"  # no transformers
 TARGETS = {
     "kvcache/radix_cache.py": ["test_radix_cache.py", "test_admission.py"],
     "scheduler/prefill.py": [("test_admission.py", FAST_SCHEDULER),
@@ -62,6 +64,18 @@ TARGETS = {
                            ("test_admission.py", f"not ({FAST_SCHEDULER})")],
     "tokenizer/stop.py": ["test_tokenizer.py"],
     "tokenizer/detokenize.py": ["test_tokenizer.py"],
+    "engine/sampler.py": ["test_sampler.py", ("test_gpu_attention.py", "sampler")],
+    "engine/graph.py": [("test_cuda_graph.py", FAST_GRAPH),
+                        ("test_cuda_graph.py", f"not ({FAST_GRAPH})")],
+    "attention/torch_backend.py": [("test_attention.py", FAST_ATTENTION),
+                                   ("test_cuda_graph.py", FAST_GRAPH),
+                                   ("test_gpu_attention.py", "not example and not generation")],
+}
+# Only these functions of a target are mutated: the rest of the module is the device side (the
+# attention itself), which the tests against dense attention and transformers cover.
+ONLY = {
+    "attention/torch_backend.py": {"prepare_metadata", "init_graph", "capture_metadata",
+                                   "prepare_replay"},
 }
 # With --slow, the survivors of these targets then meet the scheduler tests that drive them
 # (a model on the CPU, minutes a mutant), most relevant first.
@@ -255,6 +269,10 @@ def generate(target: str, source: str) -> tuple[list[Mutant], int]:
     """Every distinct mutant of `source`, and how many edits could not be written as text."""
     tree = ast.parse(source)
     skip = _skipped(tree)
+    if target in ONLY:  # everything outside the named functions is left alone
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                  and f.name in ONLY[target] for n in ast.walk(f)}
+        skip |= {id(n) for n in ast.walk(tree)} - inside
     seen, mutants, unwritable = {source}, [], 0
     for old, new, what in _edits(tree, skip):
         want = ast.dump(_replace(tree, old, new))
