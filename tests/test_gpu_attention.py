@@ -297,3 +297,37 @@ def test_sampler_skips_the_filter_when_no_request_filters():
     draws = [sampler.sample(logits, args) for _ in range(20)]
     again = Sampler(torch.device("cpu"), 50, seed=7)
     assert all(torch.equal(d, again.sample(logits, no_op)) for d in draws)
+
+
+def test_a_placeholder_checkpoint_skips_gpu_tests_with_the_reason(tmp_path):
+    """A GPU test whose model has an empty (or cut-off, or Git LFS pointer) model.safetensors
+    skips and says so, instead of failing in the loader with "header too small"."""
+    from safetensors.torch import save_file
+
+    from gpu_helpers import gpu_model, require_weights
+
+    def skip_reason(path):
+        with pytest.raises(pytest.skip.Exception) as e:
+            require_weights(path)
+        return str(e.value)
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert skip_reason(model) == "model's weights are not on this machine"
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"")
+    assert "model.safetensors (0 bytes) is a placeholder" in skip_reason(model)
+    weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
+    assert "is a placeholder, not weights" in skip_reason(model)
+    save_file({"w": torch.ones(4)}, weights)
+    weights.write_bytes(weights.read_bytes()[:20])  # cut off inside the header
+    assert "is a placeholder" in skip_reason(model)
+    save_file({"w": torch.ones(4)}, weights)
+    assert require_weights(model) == model
+    # The GPU tests' fallback model is chosen the same way.
+    (tmp_path / "qwen3-0.6b-random").symlink_to(model)
+    assert gpu_model(tmp_path) == tmp_path / "qwen3-0.6b-random"
+    weights.write_bytes(b"")
+    with pytest.raises(pytest.skip.Exception, match="neither SmolLM2's weights"):
+        gpu_model(tmp_path)
