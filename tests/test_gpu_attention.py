@@ -282,18 +282,20 @@ def test_example_picks_torch_and_explains_refusals(hf_model, hf_tokenizer, hf_gr
 
 
 def test_sampler_skips_the_filter_when_no_request_filters():
-    """Temperature alone: no top-k/top-p arguments (the filter sorts every row over the whole
-    vocabulary), and the same draws as with the filter's do-nothing values."""
+    """Temperature alone, beside greedy requests whatever their top_k: no top-k/top-p arguments
+    (the filter sorts every row over the whole vocabulary), and the same draws as with the
+    filter's do-nothing values."""
     from minisgl.engine.sampler import Sampler, SamplingArgs
 
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
+              SamplingParams(temperature=0.0, top_k=5), SamplingParams(temperature=0.9, top_k=1)]
     reqs = [Req(torch.tensor([1, 2]), table_idx=i, cached_len=0, output_len=4, uid=i,
-                sampling_params=SamplingParams(temperature=t))
-            for i, t in enumerate([0.7, 1.3, 0.0])]
-    logits = torch.randn(3, 50)
+                sampling_params=p) for i, p in enumerate(params)]
+    logits = torch.randn(4, 50)
     sampler = Sampler(torch.device("cpu"), 50, seed=7)
     args = sampler.prepare(Batch(reqs, "decode"))
     assert args is not None and args.top_k is None and args.top_p is None
-    no_op = SamplingArgs(args.temperatures, torch.full((3,), 50), torch.ones(3))
+    no_op = SamplingArgs(args.temperatures, torch.full((4,), 50), torch.ones(4))
     draws = [sampler.sample(logits, args) for _ in range(20)]
     again = Sampler(torch.device("cpu"), 50, seed=7)
     assert all(torch.equal(d, again.sample(logits, no_op)) for d in draws)

@@ -49,7 +49,7 @@ EQUIVALENT = Path(__file__).resolve().parent / "mutate_equivalent.txt"
 # and a pytest -k expression that selects its tests. Cheapest first: pytest -x stops a mutant at
 # its first failing test, so the order decides how long a killed mutant takes.
 FAST_SCHEDULER = "not random and not example"  # no randomized runs, no example processes
-FAST_GRAPH = "not example and not tp2 and not eager_tokens"  # no transformers, one process
+FAST_GRAPH = "not example and not tp2 and not replay_gives"  # no transformers, one process
 FAST_ATTENTION = "not example and not hf"  # no transformers
 TARGETS = {
     "kvcache/radix_cache.py": ["test_radix_cache.py", "test_admission.py"],
