@@ -42,6 +42,7 @@ def test_capture_sizes():
     assert capture_batch_sizes(1) == [1]
     assert capture_batch_sizes(4) == [1, 2, 4]
     assert capture_batch_sizes(6) == [1, 2, 4, 6]
+    assert capture_batch_sizes(17) == [1, 2, 4, 8, 16, 17]  # the last multiple of 16 stays
     assert capture_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert capture_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
 
