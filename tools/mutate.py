@@ -51,6 +51,7 @@ EQUIVALENT = Path(__file__).resolve().parent / "mutate_equivalent.txt"
 FAST_SCHEDULER = "not random and not example"  # no randomized runs, no example processes
 FAST_GRAPH = "not example and not tp2 and not replay_gives"  # no transformers, one process
 FAST_ATTENTION = "not example and not hf"  # no transformers
+FAST_FLASHINFER = "backend_matches or fa_backend or alternate"  # the fake against torch
 TARGETS = {
     "kvcache/radix_cache.py": ["test_radix_cache.py", "test_admission.py"],
     "scheduler/prefill.py": [("test_admission.py", FAST_SCHEDULER),
@@ -69,12 +70,15 @@ TARGETS = {
     "attention/torch_backend.py": [("test_attention.py", FAST_ATTENTION),
                                    ("test_cuda_graph.py", FAST_GRAPH),
                                    ("test_gpu_attention.py", "not example and not generation")],
+    "attention/flashinfer_backend.py": [("test_gpu_attention.py", FAST_FLASHINFER),
+                                        ("test_cuda_graph.py", "flashinfer")],
 }
 # Only these functions of a target are mutated: the rest of the module is the device side (the
 # attention itself), which the tests against dense attention and transformers cover.
 ONLY = {
     "attention/torch_backend.py": {"prepare_metadata", "init_graph", "capture_metadata",
                                    "prepare_replay"},
+    "attention/flashinfer_backend.py": {"_shape", "prepare_replay"},
 }
 # Classes and functions left alone: code that runs on a GPU only (tests/*_cuda.py cover it
 # there), and Protocols (declarations: their `...` bodies never run).
