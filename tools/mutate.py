@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Mutation testing of the bookkeeping modules: plant one plausible bug at a time, run the
-module's tests, and report the bugs no test noticed.
+"""Mutation testing of the bookkeeping modules (the scheduler's, the tokenizer's stop and
+detokenize state, the radix cache, the decode graphs, the attention backends' host-side
+preparation, the sampler): plant one plausible bug at a time, run the module's tests, and
+report the bugs no test noticed.
 
     python tools/mutate.py                      # every target, its unit tests
     python tools/mutate.py tokenizer/stop.py    # one target
@@ -13,7 +15,8 @@ comparison flips (< <=, == !=, in / not in, is / is not), arithmetic and bitwise
 flips, and/or swapped, one operand of and/or dropped, a `not` or unary minus dropped, an if /
 while / comprehension condition forced True or False, an integer constant or a slice bound or a
 range() argument moved by one, True/False swapped, min/max swapped, and a statement replaced by
-`pass`. Docstrings, annotations, imports and message strings are left alone.
+`pass`. Docstrings, annotations, imports and message strings are left alone, and so is what
+ONLY and EXCLUDE keep out (the attention itself, code that runs on a GPU only).
 
 Each mutant runs in a scratch copy of the final package (python/minisgl with its links resolved
 to real files, and copies of tests/ and examples/), with pytest -x and a time limit; a mutant
