@@ -67,7 +67,9 @@ def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
 
     def counting(self, batch, rows, positions, padded):
         replays.append((batch.size, padded))
-        return original(self, batch, rows, positions, padded)
+        logits = original(self, batch, rows, positions, padded)
+        assert logits.shape[0] == batch.size  # the padding rows' logits stay behind
+        return logits
 
     monkeypatch.setattr(GraphRunner, "replay", counting)
     generate(models_dir / TINY_QWEN3, n_prompts=3, max_tokens=5, cuda_graph="emulate",
