@@ -1,7 +1,8 @@
 """CUDA graphs on the CPU through EmulatedGraph: graph replay gives the tokens of eager decode
 (torch backend, and FlashInfer through the fake package), with and without overlap, with padding
 and at TP=2; a runner that forgets to refill a static buffer is caught; and the capture sizes,
-the reserved row and page, and the configuration checks."""
+the reserved row and page (never handed out; a replay's padding rows touch nothing else), and
+the configuration checks."""
 
 from __future__ import annotations
 
@@ -221,9 +222,10 @@ def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False,
     monkeypatch.setattr(Engine, "launch", launch)
     monkeypatch.setattr(GraphRunner, "replay", replay)
     monkeypatch.setattr(MHAKVPool, "store_kv", recording_store_kv)
+    # On the CPU even where a GPU is: float32, so the padding rows' logits compare closely.
     llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=4, num_page_override=24,
               max_seq_len_override=64, page_size=4, cuda_graph="emulate",
-              attention_backend=attention_backend)
+              attention_backend=attention_backend, device="cpu")
     try:
         scheduler = llm.backend.scheduler  # type: ignore[union-attr]
         engine = scheduler.engine
