@@ -27,7 +27,7 @@ scheduler/cache.py (147) about 14 (a killed mutant 2 to 5 s, a survivor about 15
 targets took about 100 minutes when last run together. The stage-4 targets, each run alone
 beside other jobs on the same two cores: engine/sampler.py (109 mutants) 21 minutes,
 engine/graph.py (116) 55, attention/torch_backend.py's host side (64) 33,
-attention/flashinfer_backend.py's (70) FI_MINUTES. The --slow pass adds minutes per survivor.
+attention/flashinfer_backend.py's (70) 38. The --slow pass adds minutes per survivor.
 """
 
 from __future__ import annotations
