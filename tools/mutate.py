@@ -24,7 +24,7 @@ whose tests fail, crash or time out is killed. A survivor listed in tools/mutate
 (its diff and a one-line reason) is reported as equivalent and left out of the score. Not part
 of CI: on two shared CPU cores, scheduler/prefill.py (131 mutants) takes about 7 minutes and
 scheduler/cache.py (147) about 14 (a killed mutant 2 to 5 s, a survivor about 15 s); all five
-targets took about 100 minutes when last run together. The stage-4 targets, each run alone
+targets took about 100 minutes when last run together. The stage-4 targets, run two at a time
 beside other jobs on the same two cores: engine/sampler.py (109 mutants) 21 minutes,
 engine/graph.py (116) 55, attention/torch_backend.py's host side (64) 33,
 attention/flashinfer_backend.py's (70) 38. The --slow pass adds minutes per survivor.
