@@ -1,8 +1,10 @@
 """Shared by the GPU test modules (chapters 17 on): the GPU attention backends this GPU runs,
-and the check that two greedy bfloat16 runs agree up to near ties."""
+whether a checkpoint's weights are here, and the check that two greedy bfloat16 runs agree up
+to near ties."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -45,13 +47,34 @@ def assert_same_up_to_near_ties(path: Path, prompts: list[str], expected: list[l
         assert gap < NEAR_TIE, (label, prompt, first, gap)
 
 
+def missing_weights(path: Path) -> str | None:
+    """Why the checkpoint at `path` has no weights here, or None. A checkpoint too large to
+    carry to a GPU machine may be absent there (its config and tokenizer travel, its weights do
+    not), or be a placeholder: an empty file, a Git LFS pointer, a cut-off copy. A safetensors
+    file starts with its header's length (8 bytes, little-endian), then the header: JSON."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return f"{path.name}'s weights are not on this machine"
+    for file in files:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else None
+            header = f.read(length) if length is not None and 8 + length <= size else b""
+        try:
+            json.loads(header)
+        except ValueError:
+            return (f"{path.name}'s {file.name} ({size:,} bytes) is a placeholder, not weights: "
+                    "no safetensors header")
+    return None
+
+
 def require_weights(path: Path) -> Path:
-    """`path`, or a skip: a checkpoint too large to carry to a GPU machine may be absent there
-    (its config and tokenizer travel, its weights do not)."""
+    """`path`, or a skip that says why its weights are not here."""
     import pytest
 
-    if not any(path.glob("*.safetensors")):
-        pytest.skip(f"{path.name}'s weights are not on this machine")
+    if reason := missing_weights(path):
+        pytest.skip(reason)
     return path
 
 
@@ -65,6 +88,6 @@ def gpu_model(models_dir: Path) -> Path:
 
     for name in (SMOLLM2, "qwen3-0.6b-random"):
         path = models_dir / name
-        if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        if (path / "config.json").is_file() and missing_weights(path) is None:
             return path
     pytest.skip("neither SmolLM2's weights nor models/qwen3-0.6b-random are on this machine")

@@ -1,7 +1,8 @@
 """CUDA graphs on the CPU through EmulatedGraph: graph replay gives the tokens of eager decode
 (torch backend, and FlashInfer through the fake package), with and without overlap, with padding
 and at TP=2; a runner that forgets to refill a static buffer is caught; and the capture sizes,
-the reserved row and page, and the configuration checks."""
+the reserved row and page (never handed out; a replay's padding rows touch nothing else), and
+the configuration checks."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import torch
 
 import fake_flashinfer
 from conftest import SMOLLM2, TINY_QWEN3
-from minisgl.attention import FlashAttentionBackend, FlashInferBackend
+from minisgl.attention import FlashAttentionBackend, FlashInferBackend, TorchAttentionBackend
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import GraphRunner, capture_batch_sizes
+from minisgl.kvcache import MHAKVPool
 from minisgl.llm import LLM
 
 CHAPTER = 18  # tools/steps.py check runs this module on chapter 18's own tree
@@ -41,6 +43,7 @@ def test_capture_sizes():
     assert capture_batch_sizes(1) == [1]
     assert capture_batch_sizes(4) == [1, 2, 4]
     assert capture_batch_sizes(6) == [1, 2, 4, 6]
+    assert capture_batch_sizes(17) == [1, 2, 4, 8, 16, 17]  # the last multiple of 16 stays
     assert capture_batch_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert capture_batch_sizes(256) == [1, 2, 4, 8, *range(16, 257, 16)]
 
@@ -65,7 +68,9 @@ def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
 
     def counting(self, batch, rows, positions, padded):
         replays.append((batch.size, padded))
-        return original(self, batch, rows, positions, padded)
+        logits = original(self, batch, rows, positions, padded)
+        assert logits.shape[0] == batch.size  # the padding rows' logits stay behind
+        return logits
 
     monkeypatch.setattr(GraphRunner, "replay", counting)
     generate(models_dir / TINY_QWEN3, n_prompts=3, max_tokens=5, cuda_graph="emulate",
@@ -158,15 +163,21 @@ def test_the_scheduler_starts_without_the_reserved_row_and_page(models_dir):
         llm.shutdown()
 
 
-def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False) -> list[str]:
+def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False,
+                     attention_backend: str = "torch") -> list[str]:
     """Sixteen requests of different lengths through four rows and a tight pool (prefix hits,
     evictions, decode batches shrinking from 4 to 1 and padded on replay), graphs emulated. At
-    every launch, what each request of the batch holds is read off the page table; returns what
-    was wrong: the reserved row or page in a request's hands, or pages missing at the end.
-    `plant_spare_page` puts the reserved page among the scheduler's free pages first."""
-    engine_launch, runner_replay = Engine.launch, GraphRunner.replay
+    every launch, what each request of the batch holds is read off the page table; at every
+    replay, where each row wrote its K and V and what the padding rows computed. Returns what
+    was wrong: the reserved row or page in a request's hands, a padding row that wrote outside
+    the reserved row's slot or read anything but it (its logits then differ from those of the
+    all-padding capture: token 0 at position 0, attending to itself alone), pages missing at
+    the end. `plant_spare_page` puts the reserved page among the scheduler's free pages first."""
+    engine_launch, runner_replay, store_kv = Engine.launch, GraphRunner.replay, MHAKVPool.store_kv
     found: list[str] = []
     padded_replays = []
+    writes: list[torch.Tensor] | None = None  # the slots each layer writes, while replaying
+    pure_padding: list[torch.Tensor] = []  # a padding row's logits when nothing else is there
 
     def launch(engine, batch, sampled):
         spare = engine.num_pages  # the page only padding rows write to
@@ -179,18 +190,49 @@ def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False) ->
                 found.append(f"request {req.uid} holds the reserved page")
         return engine_launch(engine, batch, sampled)
 
+    def recording_store_kv(pool, k, v, out_loc, layer_id):
+        if writes is not None:
+            writes.append(out_loc.clone())
+        return store_kv(pool, k, v, out_loc, layer_id)
+
     def replay(runner, batch, rows, positions, padded):
-        if padded > batch.size:
-            padded_replays.append((batch.size, padded))
-        return runner_replay(runner, batch, rows, positions, padded)
+        nonlocal writes
+        n, writes = batch.size, []
+        try:
+            logits = runner_replay(runner, batch, rows, positions, padded)
+        finally:
+            layers, writes = writes, None
+        own = runner.page_table[rows, positions]  # each request's slot for its new token
+        reserved = runner.page_table[runner.dummy_row]
+        for loc in layers:
+            if not torch.equal(loc[:n], own):
+                found.append(f"a batch of {n} wrote its K and V at {loc[:n].tolist()}, "
+                             f"not at its own slots {own.tolist()}")
+            if not bool(torch.isin(loc[n:padded], reserved).all()):
+                found.append(f"padding rows of a batch of {n} replayed at {padded} wrote K and V "
+                             f"at slots {loc[n:padded].tolist()}, outside the reserved row's")
+        if padded > n:
+            padded_replays.append((n, padded))
+            if not torch.allclose(runner.logits[n:padded], pure_padding[0].expand(padded - n, -1),
+                                  rtol=1e-4, atol=1e-4):
+                found.append(f"padding rows of a batch of {n} replayed at {padded} computed "
+                             "from something besides the reserved row and page")
+        return logits
 
     monkeypatch.setattr(Engine, "launch", launch)
     monkeypatch.setattr(GraphRunner, "replay", replay)
+    monkeypatch.setattr(MHAKVPool, "store_kv", recording_store_kv)
+    # On the CPU even where a GPU is: float32, so the padding rows' logits compare closely.
     llm = LLM(str(models_dir / TINY_QWEN3), max_running_req=4, num_page_override=24,
-              max_seq_len_override=64, page_size=4, cuda_graph="emulate")
+              max_seq_len_override=64, page_size=4, cuda_graph="emulate",
+              attention_backend=attention_backend, device="cpu")
     try:
         scheduler = llm.backend.scheduler  # type: ignore[union-attr]
         engine = scheduler.engine
+        # The last graph captured (batch 1) ran on padding alone: rows, metadata and positions
+        # all at their start values, which name the reserved row, one key, position 0.
+        assert engine.graphs.batch_sizes[0] == 1
+        pure_padding.append(engine.graphs.logits[0].clone())
         if plant_spare_page:  # the next allocation takes it: pages are popped from the end
             scheduler.cache.free_pages.append(engine.num_pages)
         gen = torch.Generator().manual_seed(0)
@@ -215,8 +257,11 @@ def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False) ->
     return found
 
 
-def test_a_workload_never_hands_out_the_reserved_row_or_page(models_dir, monkeypatch):
-    assert watch_a_workload(models_dir, monkeypatch) == []
+@pytest.mark.parametrize("backend", ["torch", "flashinfer"])
+def test_a_workload_never_hands_out_the_reserved_row_or_page(models_dir, monkeypatch, fake_fi,
+                                                              backend):
+    """Nor does a padding row of a replay touch anything but them."""
+    assert watch_a_workload(models_dir, monkeypatch, attention_backend=backend) == []
 
 
 def test_the_workload_check_catches_the_reserved_page_handed_out(models_dir, monkeypatch):
@@ -224,6 +269,42 @@ def test_the_workload_check_catches_the_reserved_page_handed_out(models_dir, mon
     found = watch_a_workload(models_dir, monkeypatch, plant_spare_page=True)
     assert any("holds the reserved page" in problem for problem in found), found
     assert any("pages not returned" in problem for problem in found), found
+
+
+def stale_padding_replay(self, batch, rows, positions, padded):
+    """Planted bug: GraphRunner.replay without refilling the padding rows, which keep the rows
+    of an earlier, larger batch: a real request's row, maybe another request's by now."""
+    n = batch.size
+    self.rows[:n].copy_(rows)
+    self.positions[:n].copy_(positions)
+    self.positions[n:padded].zero_()
+    self.backend.prepare_replay(batch, padded)
+    self.graphs[padded].replay()
+    return self.logits[:n]
+
+
+def real_row_padding(self, batch, padded_size):
+    """Planted bug: the torch backend pads the attention with the first request's row, so the
+    padding rows read that request's keys."""
+    rows = [r.table_idx for r in batch.reqs]
+    pad = padded_size - batch.size
+    self.graph_rows[:padded_size].copy_(torch.tensor(rows + rows[:1] * pad))
+    self.graph_seq_lens[:padded_size].copy_(
+        torch.tensor([r.device_len for r in batch.reqs] + [1] * pad))
+
+
+@pytest.mark.parametrize("plant, expected", [
+    ((GraphRunner, "replay", stale_padding_replay), "wrote K and V at slots"),
+    ((TorchAttentionBackend, "prepare_replay", real_row_padding), "computed from something"),
+], ids=["runner-rows", "backend-rows"])
+def test_the_workload_check_catches_padding_that_touches_a_real_row(models_dir, monkeypatch,
+                                                                    plant, expected):
+    """The check itself: padding left pointing at a real request's row. The tokens may well
+    stay right (a padding row writes, at position 0, a key close to the one there), which is why
+    the check looks at where the padding rows write and what they compute."""
+    monkeypatch.setattr(*plant)
+    found = watch_a_workload(models_dir, monkeypatch)
+    assert any(expected in problem for problem in found), found
 
 
 def test_configuration_is_checked():

@@ -282,18 +282,54 @@ def test_example_picks_torch_and_explains_refusals(hf_model, hf_tokenizer, hf_gr
 
 
 def test_sampler_skips_the_filter_when_no_request_filters():
-    """Temperature alone: no top-k/top-p arguments (the filter sorts every row over the whole
-    vocabulary), and the same draws as with the filter's do-nothing values."""
+    """Temperature alone, beside greedy requests whatever their top_k: no top-k/top-p arguments
+    (the filter sorts every row over the whole vocabulary), and the same draws as with the
+    filter's do-nothing values."""
     from minisgl.engine.sampler import Sampler, SamplingArgs
 
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
+              SamplingParams(temperature=0.0, top_k=5), SamplingParams(temperature=0.9, top_k=1)]
     reqs = [Req(torch.tensor([1, 2]), table_idx=i, cached_len=0, output_len=4, uid=i,
-                sampling_params=SamplingParams(temperature=t))
-            for i, t in enumerate([0.7, 1.3, 0.0])]
-    logits = torch.randn(3, 50)
+                sampling_params=p) for i, p in enumerate(params)]
+    logits = torch.randn(4, 50)
     sampler = Sampler(torch.device("cpu"), 50, seed=7)
     args = sampler.prepare(Batch(reqs, "decode"))
     assert args is not None and args.top_k is None and args.top_p is None
-    no_op = SamplingArgs(args.temperatures, torch.full((3,), 50), torch.ones(3))
+    no_op = SamplingArgs(args.temperatures, torch.full((4,), 50), torch.ones(4))
     draws = [sampler.sample(logits, args) for _ in range(20)]
     again = Sampler(torch.device("cpu"), 50, seed=7)
     assert all(torch.equal(d, again.sample(logits, no_op)) for d in draws)
+
+
+def test_a_placeholder_checkpoint_skips_gpu_tests_with_the_reason(tmp_path):
+    """A GPU test whose model has an empty (or cut-off, or Git LFS pointer) model.safetensors
+    skips and says so, instead of failing in the loader with "header too small"."""
+    from safetensors.torch import save_file
+
+    from gpu_helpers import gpu_model, require_weights
+
+    def skip_reason(path):
+        with pytest.raises(pytest.skip.Exception) as e:
+            require_weights(path)
+        return str(e.value)
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert skip_reason(model) == "model's weights are not on this machine"
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"")
+    assert "model.safetensors (0 bytes) is a placeholder" in skip_reason(model)
+    weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
+    assert "is a placeholder, not weights" in skip_reason(model)
+    save_file({"w": torch.ones(4)}, weights)
+    weights.write_bytes(weights.read_bytes()[:20])  # cut off inside the header
+    assert "is a placeholder" in skip_reason(model)
+    save_file({"w": torch.ones(4)}, weights)
+    assert require_weights(model) == model
+    # The GPU tests' fallback model is chosen the same way.
+    (tmp_path / "qwen3-0.6b-random").symlink_to(model)
+    assert gpu_model(tmp_path) == tmp_path / "qwen3-0.6b-random"
+    weights.write_bytes(b"")
+    with pytest.raises(pytest.skip.Exception, match="neither SmolLM2's weights"):
+        gpu_model(tmp_path)

@@ -130,6 +130,30 @@ def test_greedy_rows_return_argmax_in_a_mixed_batch():
         assert tokens[[0, 2, 4, 5]].tolist() == argmax[[0, 2, 4, 5]].tolist()
 
 
+def test_a_request_greedy_by_top_k_1_returns_argmax_beside_unfiltered_sampling():
+    """top_k=1 makes a request greedy whatever its temperature, also in a batch where no
+    request filters (from chapter 17 the filter is then skipped, top_k=1 with it)."""
+    logits = torch.randn(2, 30)
+    batch = make_batch([SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=1.0)])
+    sampler = Sampler(CPU, 30, seed=0)
+    args = sampler.prepare(batch)
+    assert [sampler.sample(logits, args)[0].item() for _ in range(50)] == \
+        [logits[0].argmax().item()] * 50
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (-1, 0.5), (1, 0.9)],
+                         ids=["top_k-alone", "top_p-alone", "top_k-1-with-top_p"])
+def test_prepared_requests_never_draw_outside_their_filter(top_k, top_p):
+    """Through prepare: each limit alone filters, and top_k=1 keeps one token even where top_p
+    would keep more."""
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(3))
+    batch = make_batch([SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)] * 2000)
+    sampler = Sampler(CPU, 40, seed=1)
+    tokens = sampler.sample(logits.repeat(2000, 1), sampler.prepare(batch))
+    kept = reference_kept(logits[0].tolist(), top_k if top_k >= 1 else 40, top_p)
+    assert len(kept) < 40 and set(tokens.tolist()) <= set(kept)
+
+
 @pytest.mark.parametrize("top_k", [101, 2**31 - 1, 2**63 - 1, 2**64])
 def test_top_k_beyond_the_vocabulary_samples_as_the_whole_vocabulary(top_k):
     # 2**63 - 1 once became -2**63 on its way through float32: every token masked, NaN.

@@ -356,6 +356,11 @@ BAD_REQUESTS = {
                     {"messages": [{"role": "user", "content": "x"}], "top_k": 2**64},
                     "top_k must be -1 (no limit) or at most 2147483647"),
     "n 2": ("/v1/completions", {"prompt": "x", "n": 2}, "n must be 1"),
+    "presence_penalty": ("/v1/completions", {"prompt": "x", "presence_penalty": 0.5},
+                         "presence_penalty must be 0 or null"),
+    "tools": ("/v1/chat/completions",
+              {"messages": [{"role": "user", "content": "x"}],
+               "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools must be"),
 }
 
 
@@ -379,6 +384,51 @@ def test_openai_client_raises_bad_request_error(server):
     with pytest.raises(openai.BadRequestError) as e:
         server.openai.completions.create(model="m", prompt="x", max_tokens=1, top_p=1.5)
     assert "top_p" in e.value.body["message"]
+
+
+UNSUPPORTED = [("n", 3), ("n", True), ("best_of", 2), ("logprobs", True), ("logprobs", 0),
+               ("logprobs", 5), ("top_logprobs", 2), ("echo", True), ("suffix", " the end"),
+               ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"42": 100}),
+               ("seed", 7), ("response_format", {"type": "json_object"}),
+               ("tools", [{"type": "function", "function": {"name": "f"}}]),
+               ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+               ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"})]
+NEUTRAL = {"n": 1, "best_of": 1, "logprobs": False, "top_logprobs": 0, "echo": False,
+           "suffix": "", "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {},
+           "seed": None, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+           "functions": None, "function_call": "none", "modalities": ["text"], "audio": None}
+
+
+@pytest.mark.parametrize("field, value", UNSUPPORTED, ids=[f"{f}={v}" for f, v in UNSUPPORTED])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_an_unsupported_field_is_refused_by_name(field, value, chat):
+    """Once silently ignored: a client asking for logprobs or a penalty got an answer without
+    them and no sign of it."""
+    from minisgl.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+    body = (ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **{field: value})
+            if chat else CompletionRequest(prompt="x", **{field: value}))
+    with pytest.raises(APIError) as e:
+        body.sampling_params(128, 16)
+    assert e.value.param == field and e.value.status == 400
+    assert e.value.message.startswith(f"{field} must be ")
+    assert e.value.message.endswith(f"got {json.dumps(value)}")
+
+
+def test_the_neutral_values_of_unsupported_fields_are_accepted():
+    from minisgl.server.protocol import CompletionRequest
+
+    assert NEUTRAL.keys() == {field for field, _ in UNSUPPORTED}
+    params, _ = CompletionRequest(prompt="x", max_tokens=3, **NEUTRAL).sampling_params(128, 16)
+    assert params.max_tokens == 3
+
+
+def test_the_openai_client_may_send_the_neutral_values(server):
+    r = server.openai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0,
+        n=1, logprobs=False, presence_penalty=0, frequency_penalty=0, seed=None,
+        response_format={"type": "text"}, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 2
 
 
 def test_unknown_path_is_an_openai_404(server):
@@ -706,6 +756,36 @@ def test_an_ipv6_host_is_checked_with_an_ipv6_socket(capsys):
         assert f"port {port} on ::1 is in use" in parse_error(capsys, "--host", "::1",
                                                                "--port", str(port))
     assert parse_args(["--model", str(MODEL), "--host", "::1", "--port", str(port)]).host == "::1"
+
+
+def test_the_url_of_an_ipv6_host_has_brackets():
+    from minisgl.server.launch import http_url
+
+    assert http_url("::", 1919) == "http://[::]:1919"  # once http://:::1919
+    assert http_url("::1", 80) == "http://[::1]:80"
+    assert http_url("127.0.0.1", 1919) == "http://127.0.0.1:1919"
+    assert http_url("localhost", 1919) == "http://localhost:1919"
+
+
+def test_the_ready_line_of_an_ipv6_server_is_a_url_that_answers():
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        port = s.getsockname()[1]
+    proc = Process("--model", str(MODEL), "--host", "::1", "--port", str(port),
+                   "--max-seq-len", "128")
+    try:
+        proc.wait_for("minisgl: ready")
+        children = children_of(proc.pid)
+        url = f"http://[::1]:{port}"
+        assert f"at {url}/v1 " in proc.output, proc.output
+        assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
+    finally:
+        code = proc.stop()
+    proc.children = children
+    assert_stopped_cleanly(proc, code)
 
 
 def test_a_host_that_cannot_be_listened_on_is_not_called_a_busy_port(capsys):

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Mutation testing of the bookkeeping modules: plant one plausible bug at a time, run the
-module's tests, and report the bugs no test noticed.
+"""Mutation testing of the bookkeeping modules (the scheduler's, the tokenizer's stop and
+detokenize state, the radix cache, the decode graphs, the attention backends' host-side
+preparation, the sampler): plant one plausible bug at a time, run the module's tests, and
+report the bugs no test noticed.
 
     python tools/mutate.py                      # every target, its unit tests
     python tools/mutate.py tokenizer/stop.py    # one target
@@ -13,7 +15,8 @@ comparison flips (< <=, == !=, in / not in, is / is not), arithmetic and bitwise
 flips, and/or swapped, one operand of and/or dropped, a `not` or unary minus dropped, an if /
 while / comprehension condition forced True or False, an integer constant or a slice bound or a
 range() argument moved by one, True/False swapped, min/max swapped, and a statement replaced by
-`pass`. Docstrings, annotations, imports and message strings are left alone.
+`pass`. Docstrings, annotations, imports and message strings are left alone, and so is what
+ONLY and EXCLUDE keep out (the attention itself, code that runs on a GPU only).
 
 Each mutant runs in a scratch copy of the final package (python/minisgl with its links resolved
 to real files, and copies of tests/ and examples/), with pytest -x and a time limit; a mutant
@@ -21,7 +24,10 @@ whose tests fail, crash or time out is killed. A survivor listed in tools/mutate
 (its diff and a one-line reason) is reported as equivalent and left out of the score. Not part
 of CI: on two shared CPU cores, scheduler/prefill.py (131 mutants) takes about 7 minutes and
 scheduler/cache.py (147) about 14 (a killed mutant 2 to 5 s, a survivor about 15 s); all five
-targets took about 100 minutes when last run together. The --slow pass adds minutes per survivor.
+targets took about 100 minutes when last run together. The stage-4 targets, run two at a time
+beside other jobs on the same two cores: engine/sampler.py (109 mutants) 21 minutes,
+engine/graph.py (116) 55, attention/torch_backend.py's host side (64) 33,
+attention/flashinfer_backend.py's (70) 38. The --slow pass adds minutes per survivor.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ EQUIVALENT = Path(__file__).resolve().parent / "mutate_equivalent.txt"
 # and a pytest -k expression that selects its tests. Cheapest first: pytest -x stops a mutant at
 # its first failing test, so the order decides how long a killed mutant takes.
 FAST_SCHEDULER = "not random and not example"  # no randomized runs, no example processes
+FAST_GRAPH = "not example and not tp2 and not replay_gives"  # no transformers, one process
+FAST_ATTENTION = "not example and not hf"  # no transformers
+FAST_FLASHINFER = "backend_matches or fa_backend or alternate"  # the fake against torch
 TARGETS = {
     "kvcache/radix_cache.py": ["test_radix_cache.py", "test_admission.py"],
     "scheduler/prefill.py": [("test_admission.py", FAST_SCHEDULER),
@@ -62,6 +71,25 @@ TARGETS = {
                            ("test_admission.py", f"not ({FAST_SCHEDULER})")],
     "tokenizer/stop.py": ["test_tokenizer.py"],
     "tokenizer/detokenize.py": ["test_tokenizer.py"],
+    "engine/sampler.py": ["test_sampler.py", ("test_gpu_attention.py", "sampler")],
+    "engine/graph.py": [("test_cuda_graph.py", FAST_GRAPH)],
+    "attention/torch_backend.py": [("test_attention.py", FAST_ATTENTION),
+                                   ("test_cuda_graph.py", FAST_GRAPH),
+                                   ("test_gpu_attention.py", "not example and not generation")],
+    "attention/flashinfer_backend.py": [("test_gpu_attention.py", FAST_FLASHINFER),
+                                        ("test_cuda_graph.py", "flashinfer")],
+}
+# Only these functions of a target are mutated: the rest of the module is the device side (the
+# attention itself), which the tests against dense attention and transformers cover.
+ONLY = {
+    "attention/torch_backend.py": {"prepare_metadata", "init_graph", "capture_metadata",
+                                   "prepare_replay"},
+    "attention/flashinfer_backend.py": {"_shape", "prepare_replay"},
+}
+# Classes and functions left alone: code that runs on a GPU only (tests/*_cuda.py cover it
+# there), and Protocols (declarations: their `...` bodies never run).
+EXCLUDE = {
+    "engine/graph.py": {"CudaGraph", "Graph", "GraphBackend"},
 }
 # With --slow, the survivors of these targets then meet the scheduler tests that drive them
 # (a model on the CPU, minutes a mutant), most relevant first.
@@ -255,6 +283,14 @@ def generate(target: str, source: str) -> tuple[list[Mutant], int]:
     """Every distinct mutant of `source`, and how many edits could not be written as text."""
     tree = ast.parse(source)
     skip = _skipped(tree)
+    if target in ONLY:  # everything outside the named functions is left alone
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                  and f.name in ONLY[target] for n in ast.walk(f)}
+        skip |= {id(n) for n in ast.walk(tree)} - inside
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) \
+                and node.name in EXCLUDE.get(target, ()):
+            skip.update(id(n) for n in ast.walk(node))
     seen, mutants, unwritable = {source}, [], 0
     for old, new, what in _edits(tree, skip):
         want = ast.dump(_replace(tree, old, new))

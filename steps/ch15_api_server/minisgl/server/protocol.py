@@ -2,16 +2,61 @@
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from minisgl.core import SamplingParams
 
 # Any top_k at least the vocabulary size keeps every token; this bound only keeps the value
 # small enough for msgpack and the sampler's tensors (no vocabulary comes near it).
 MAX_TOP_K = 2**31 - 1
+
+# Fields of OpenAI's API that this server does not implement, each with the values that ask for
+# nothing (null is one too). Clients send some of those anyway (n=1, penalties 0, logprobs
+# false); any other value is refused by name instead of being silently ignored.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "logprobs": (False,),  # chat's is a flag; completions' a count, and even 0 asks for some
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "seed": (),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "modalities": (["text"],),
+    "audio": (),
+}
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """JSON equality: true is not 1 (Python's True == 1), but 0.0 is 0."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    return value == neutral
+
+
+def refuse_unsupported(fields: dict[str, Any]) -> None:
+    """Raise an APIError naming the first unsupported field set to something it cannot mean
+    here (fields: the request's fields that its model does not declare)."""
+    for name, neutral in NEUTRAL_VALUES.items():
+        value = fields.get(name)
+        if value is None or any(_same(value, ok) for ok in neutral):
+            continue
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        accepted = " or ".join(json.dumps(ok) for ok in (*neutral, None))
+        raise APIError(f"{name} must be {accepted} (this server does not implement other "
+                       f"values), got {shown}", param=name)
 
 
 class APIError(Exception):
@@ -32,8 +77,10 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields both endpoints share. Out-of-range values are checked by SamplingParams."""
+    """Fields both endpoints share. Out-of-range values are checked by SamplingParams; fields
+    not declared here are kept (model_extra) so that unsupported ones can be refused by name."""
 
+    model_config = ConfigDict(extra="allow")
     model: str | None = None  # there is one model: any name is accepted
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -43,7 +90,6 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -51,8 +97,7 @@ class SamplingFields(BaseModel):
     def sampling_params(self, max_seq_len: int, default_max_tokens: int | None
                         ) -> tuple[SamplingParams, bool]:
         """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default)."""
-        if self.n != 1:
-            raise APIError(f"n must be 1, got {self.n}", param="n")
+        refuse_unsupported(self.model_extra or {})
         if self.top_k > MAX_TOP_K:
             raise APIError(f"top_k must be -1 (no limit) or at most {MAX_TOP_K}, got {self.top_k}",
                            param="top_k")
