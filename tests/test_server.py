@@ -642,7 +642,8 @@ def test_busy_port_exits_2_naming_the_port():
     (["--max-seq-len", "-1"], "max_seq_len_override must be >= 1, got -1"),
 ])
 def test_out_of_range_option_exits_2_naming_the_value(args, message):
-    r = run_minisgl("--model", str(MODEL), *args)
+    port = [] if "--port" in args else ["--port", str(free_port())]  # 1919 may be in use
+    r = run_minisgl("--model", str(MODEL), *args, *port)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert "loading" not in r.stdout
