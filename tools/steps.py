@@ -395,6 +395,11 @@ def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
     return env
 
 
+# What chapters run now, in the pool's threads: Ctrl-C reaches only the main thread, which
+# kills them (their sessions) so that their threads return at once.
+_RUNNING: "set[subprocess.Popen]" = set()
+
+
 def _kill_session(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -407,6 +412,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
     """Run cmd, collecting stdout and the interleaved output; rc None means it timed out."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, encoding="utf-8", errors="replace", start_new_session=True)
+    _RUNNING.add(proc)
     stdout: list[str] = []
     combined: list[str] = []
 
@@ -437,6 +443,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
             for t in threads:
                 t.join(10)
         proc.wait()
+        _RUNNING.discard(proc)
     return rc, "".join(stdout), combined
 
 
@@ -607,11 +614,18 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
     with ThreadPoolExecutor(jobs) as pool:
         running = [pool.submit(check_chapter, root, ch, verbose, timeout)
                    for ch in _longest_first(root, selected)]
-        for done, future in enumerate(as_completed(running), 1):
-            o = future.result()
-            outcomes[o.chapter.n] = o
-            _progress(f"[{done}/{len(selected)}] {o.chapter.name} {'通过' if o.passed else '失败'}"
-                      f"（{o.seconds:.0f} 秒）", live)
+        try:
+            for done, future in enumerate(as_completed(running), 1):
+                o = future.result()
+                outcomes[o.chapter.n] = o
+                _progress(f"[{done}/{len(selected)}] {o.chapter.name} "
+                          f"{'通过' if o.passed else '失败'}（{o.seconds:.0f} 秒）", live)
+        except BaseException:  # Ctrl-C: start nothing more, stop what runs
+            for future in running:
+                future.cancel()
+            for proc in list(_RUNNING):
+                _kill_session(proc)
+            raise
     if live:
         sys.stderr.write("\r\033[K")
     ordered = [outcomes[ch.n] for ch in selected]
