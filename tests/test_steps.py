@@ -1,12 +1,19 @@
 """tools/steps.py on a small fixture repository: three chapters, trivial mains, no torch."""
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from processes import children_of, wait_all_gone
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -263,6 +270,34 @@ def test_chapters_checked_at_once_report_in_chapter_order(repo: Path, capsys) ->
     finished = [re.fullmatch(r"\[(\d)/3\] (\S+) (通过|失败)（\d+ 秒）", line).groups() for line in progress]
     assert [n for n, _, _ in finished] == ["1", "2", "3"]
     assert sorted(r for _, *r in finished) == [["ch00_a", "通过"], ["ch01_b", "通过"], ["ch02_c", "失败"]]
+
+
+@pytest.mark.parametrize("target", ["process", "a-worker-thread"])
+def test_ctrl_c_stops_every_chapter_at_once(repo: Path, target: str) -> None:
+    steps.link(repo)
+    for name in ("ch00_a", "ch01_b", "ch02_c"):
+        set_main(repo, name, "import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    checker = subprocess.Popen([sys.executable, str(TOOL), "--root", str(repo),
+                                "check", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    mains: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(mains := children_of(checker.pid)) < 2:  # two chapters running
+            assert time.monotonic() < deadline and checker.poll() is None
+            time.sleep(0.1)
+        if target == "process":
+            checker.send_signal(signal.SIGINT)
+        else:  # where the kernel may deliver it: a thread that waits for a chapter's program
+            thread = max(int(t.name) for t in Path(f"/proc/{checker.pid}/task").iterdir())
+            assert ctypes.CDLL(None, use_errno=True).tgkill(checker.pid, thread, signal.SIGINT) == 0
+        assert checker.wait(20) != 0
+        assert not wait_all_gone(mains, timeout=5.0), "a chapter's main is still running"
+    finally:
+        checker.kill()
+        checker.wait()
+        for main in mains:  # each in its own session: a failed check leaves none behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(main, signal.SIGKILL)
 
 
 def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:

@@ -25,8 +25,9 @@ import tempfile
 import threading
 import time
 import unicodedata
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -395,8 +396,8 @@ def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
     return env
 
 
-# What chapters run now, in the pool's threads: Ctrl-C reaches only the main thread, which
-# kills them (their sessions) so that their threads return at once.
+# The chapters' programs running now, in the pool's threads: on Ctrl-C the main thread kills
+# their sessions, so that their threads return at once.
 _RUNNING: "set[subprocess.Popen]" = set()
 
 
@@ -589,6 +590,22 @@ def _progress(line: str, live: bool) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+@contextmanager
+def _ctrl_c_sets() -> Iterator[threading.Event]:
+    """An event that Ctrl-C sets instead of raising KeyboardInterrupt, so that the signal never
+    lands inside the pool's locks (the main thread only, where Python runs signal handlers)."""
+    interrupted = threading.Event()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield interrupted  # Ctrl-C is someone else's business here (or ignored)
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def default_jobs() -> int:
     """Chapters checked at once: the CPUs this process may use."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -611,21 +628,27 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
     # verbose streams each chapter's output as it comes: one chapter at a time keeps it readable.
     jobs = 1 if verbose else max(1, min(jobs or default_jobs(), len(selected) or 1))
     outcomes: dict[int, Outcome] = {}
-    with ThreadPoolExecutor(jobs) as pool:
-        running = [pool.submit(check_chapter, root, ch, verbose, timeout)
-                   for ch in _longest_first(root, selected)]
+    with ThreadPoolExecutor(jobs) as pool, _ctrl_c_sets() as interrupted:
+        pending = {pool.submit(check_chapter, root, ch, verbose, timeout)
+                   for ch in _longest_first(root, selected)}
         try:
-            for done, future in enumerate(as_completed(running), 1):
-                o = future.result()
-                outcomes[o.chapter.n] = o
-                _progress(f"[{done}/{len(selected)}] {o.chapter.name} "
-                          f"{'通过' if o.passed else '失败'}（{o.seconds:.0f} 秒）", live)
-        except BaseException:  # Ctrl-C: start nothing more, stop what runs
-            for future in running:
-                future.cancel()
-            for proc in list(_RUNNING):
-                _kill_session(proc)
-            raise
+            while pending and not interrupted.is_set():
+                # A timed wait: the main thread comes back to Python often enough to run the
+                # SIGINT handler even when the kernel delivered the signal to a worker thread.
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    o = future.result()
+                    outcomes[o.chapter.n] = o
+                    _progress(f"[{len(outcomes)}/{len(selected)}] {o.chapter.name} "
+                              f"{'通过' if o.passed else '失败'}（{o.seconds:.0f} 秒）", live)
+        finally:
+            if pending:  # Ctrl-C or an error: start nothing more, stop what runs
+                for future in pending:
+                    future.cancel()
+                for proc in list(_RUNNING):
+                    _kill_session(proc)
+    if interrupted.is_set():
+        raise KeyboardInterrupt
     if live:
         sys.stderr.write("\r\033[K")
     ordered = [outcomes[ch.n] for ch in selected]
