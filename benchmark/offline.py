@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, nargs="+", default=[1],
                         help="tensor-parallel sizes of our engine, each a row of its own "
                              "(transformers stays on one device)")
+    parser.add_argument("--trace", metavar="FILE", default=None,
+                        help="one more row: our first configuration with trace=FILE, so tracing "
+                             "on and off are measured in the same run (FILE keeps the last round)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results")
     parser.add_argument("--plot", metavar="PATH", default=None,
@@ -294,6 +297,9 @@ def measure(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: lis
 
     configs = [(*label(name, tp), ours(attention_backend=name, tp_size=tp))
                for name in attns for tp in args.tp]
+    if args.trace:  # right after the same configuration untraced
+        configs.insert(1, ("我们：trace 打开", "ours: traced",
+                           ours(attention_backend=attns[0], tp_size=args.tp[0], trace=args.trace)))
     configs += [(name, key, ours(attention_backend=attns[0], tp_size=args.tp[0], **option))
                 for name, key, option in ablations]  # with the first backend of --attn
     if not args.skip_transformers:

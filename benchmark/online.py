@@ -8,8 +8,10 @@ httpx 直接说 OpenAI 的协议（流式请求，server-sent events 一行一�
 到顶，测到的就是客户端（第 21 章；benchmark/client_cost.py 单独量两个客户端每块的 CPU）。
 于是每个请求都有：
   TTFT  首 token 时间：从发出请求到收到第一块非空文本；
-  ITL   token 间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数；服务器每个
-        token 发一块，只有半个 UTF-8 字符的 token 会并进下一块）；
+  ITL   块间隔：相邻两块文本之间的时间（所有请求的所有间隔放在一起算分位数）。服务器每段新文字
+        发一块，但一个请求排队的几段会并成一块（读的一方落后时），半个 UTF-8 字符的 token 也
+        并进下一块，所以一块可能不止一个 token；按 token 算的间隔另有 TPOT：每个请求
+        (E2E − TTFT) / (token 数 − 1)，写进 --json，并在下限一节打印；
   E2E   端到端延迟：从发出请求到流结束。
 每个速率报告请求吞吐（完成的请求数 / 用时）、输出 token/s，以及三种延迟的 p50 / p90 / p99，打成
 一张表；另一张表是每个进程在这段时间里用的 CPU（客户端自己，以及服务器的启动者即 API Server、
@@ -64,6 +66,7 @@ import asyncio
 import collections
 import json
 import math
+import multiprocessing as mp
 import os
 import random
 import re
@@ -74,12 +77,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from process_cpu import server_processes, snapshot
+import pyspy
+from process_cpu import busiest_threads, server_processes, snapshot, thread_seconds
 from report import aligned, machine_line, save
 
 if TYPE_CHECKING:
@@ -87,9 +91,10 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CPU_DEFAULTS = dict(num_requests=16, input_len=128, output_len=32, rates=[1.0, 4.0, math.inf],
+CPU_DEFAULTS = dict(client_processes=1, num_requests=16, input_len=128, output_len=32,
+                    rates=[1.0, 4.0, math.inf],
                     num_users=4, turns=3, system_len=256, turn_len=32)
-GPU_DEFAULTS = dict(num_requests=400, input_len=1024, output_len=256,
+GPU_DEFAULTS = dict(client_processes=4, num_requests=400, input_len=1024, output_len=256,
                     rates=[8.0, 16.0, 32.0, math.inf],
                     num_users=64, turns=4, system_len=2048, turn_len=128)
 PERCENTILES = (50, 90, 99)
@@ -262,6 +267,7 @@ def summarize(results: list[Result], duration: float) -> dict:
         "output_throughput": output_tokens / duration if duration > 0 else 0.0,
         "prompt_tokens": sum(r.prompt_tokens for r in ok), "output_tokens": output_tokens,
         "exact_output_lengths": all(r.output_tokens == r.requested_tokens for r in ok),
+        "chunks": sum(len(r.itl) + 1 for r in ok),  # text chunks received
         "ttft_ms": stats(ms(r.ttft for r in ok)),
         "itl_ms": stats(ms(gap for r in ok for gap in r.itl)),
         "e2e_ms": stats(ms(r.e2e for r in ok)),
@@ -288,17 +294,18 @@ class Server:
     and unlink its sockets); if it does not exit in time, SIGKILL the whole group, so nothing
     is left running whatever happens."""
 
-    def __init__(self, argv: list[str], host: str, port: int, threads: int | None = None
-                 ) -> None:
+    def __init__(self, argv: list[str], host: str, port: int, threads: int | None = None,
+                 engine: Path = ROOT / "python") -> None:
         self.argv, self.url = argv, f"http://{host}:{port}"
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self.ready = threading.Event()
         env = dict(os.environ)
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        # Serve the engine of the repository this script belongs to, not whatever `minisgl`
-        # the interpreter would import (an editable install may point at another checkout).
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python"),
+        # Serve the engine of the repository this script belongs to (or --engine-path), not
+        # whatever `minisgl` the interpreter would import (an editable install may point at
+        # another checkout).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(engine),
                                                         env.get("PYTHONPATH", "")) if p)
         self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, bufsize=1,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -456,17 +463,19 @@ async def send(client: HttpxClient | OpenAIClient, model: str, request: Request,
 
 
 async def replay(client_kind: str, base_url: str, model: str, requests: list[Request],
-                 arrivals: list[float], label: str) -> tuple[list[Result], float]:
+                 arrivals: list[float], label: str | None, start: float | None = None
+                 ) -> tuple[list[Result], float]:
     """Send each request at its arrival time (and not before its previous turn ended);
-    the results, and the seconds from the first arrival to the last answer."""
+    the results, and the seconds from `start` (a perf_counter reading; default: now) to the
+    last answer. No progress bar without a label."""
     from tqdm import tqdm
 
     client = CLIENTS[client_kind](base_url)
     results = [Result(i, arrival=t) for i, t in enumerate(arrivals)]
     finished = [asyncio.Event() for _ in requests]
     bar = tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr, leave=False,
-               disable=None)  # None: no bar when stderr is not a terminal
-    start = time.perf_counter()
+               disable=None if label else True)  # None: no bar when stderr is not a terminal
+    start = time.perf_counter() if start is None else start
 
     async def one(i: int) -> None:
         try:
@@ -485,6 +494,73 @@ async def replay(client_kind: str, base_url: str, model: str, requests: list[Req
         bar.close()
         await client.close()
     return results, duration
+
+
+def client_groups(requests: list[Request], n: int) -> list[list[int]]:
+    """The requests of each of n client processes, by index: a request goes where the request
+    it waits for goes (a user's turns stay together), chains dealt out in turn."""
+    root: list[int] = []
+    for i, request in enumerate(requests):
+        root.append(i if request.after is None else root[request.after])
+    roots = list(dict.fromkeys(root))
+    groups: list[list[int]] = [[] for _ in range(min(n, len(roots)))]
+    process = {r: k % len(groups) for k, r in enumerate(roots)}
+    for i, r in enumerate(root):
+        groups[process[r]].append(i)
+    return groups
+
+
+def _client_process(k: int, client_kind: str, base_url: str, model: str,
+                    requests: list[Request], arrivals: list[float], start: float,
+                    results: mp.Queue) -> None:
+    """Client process k: its share of the requests. Sends back their results (as dicts: the
+    parent's Result is another module's class here), its duration and its own CPU seconds."""
+    mine, duration = asyncio.run(replay(client_kind, base_url, model, requests, arrivals, None,
+                                        start))
+    results.put((k, [asdict(r) for r in mine], duration, time.process_time()))
+
+
+def replay_in_processes(client_kind: str, base_url: str, model: str, requests: list[Request],
+                        arrivals: list[float], label: str, processes: int,
+                        on_start: Callable[[], None]) -> tuple[list[Result], float, float]:
+    """replay() split over client processes, so that the client's own CPU (parsing every
+    chunk of every stream) cannot be what limits a fast server. All processes count time from
+    the same instant (perf_counter is the system's monotonic clock, shared by processes), and
+    `on_start` runs at that instant (readings of the server's counters before the run).
+    The results in request order, the duration, and the clients' CPU seconds in all."""
+    if processes <= 1:
+        on_start()
+        cpu = time.process_time()
+        results, duration = asyncio.run(replay(client_kind, base_url, model, requests,
+                                               arrivals, label))
+        return results, duration, time.process_time() - cpu
+    groups = client_groups(requests, processes)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    start = time.perf_counter() + 3.0  # time for the processes to start and import
+    workers = []
+    for k, group in enumerate(groups):
+        local = {g: j for j, g in enumerate(group)}
+        share = [Request(requests[g].prompt, requests[g].output_len,
+                         None if requests[g].after is None else local[requests[g].after])
+                 for g in group]
+        workers.append(ctx.Process(target=_client_process, args=(
+            k, client_kind, base_url, model, share, [arrivals[g] for g in group], start, queue)))
+    for w in workers:
+        w.start()
+    print(f"  ……{label}：{len(groups)} 个客户端进程", file=sys.stderr, flush=True)
+    time.sleep(max(0.0, start - time.perf_counter()))
+    on_start()
+    results: list[Result] = [Result(i) for i in range(len(requests))]
+    duration = cpu = 0.0
+    for _ in workers:
+        k, dicts, seconds, cpu_seconds = queue.get()
+        duration, cpu = max(duration, seconds), cpu + cpu_seconds
+        for i, d in zip(groups[k], dicts):
+            results[i] = Result(**{**d, "index": i})
+    for w in workers:
+        w.join()
+    return results, duration, cpu
 
 
 async def warm_up(client_kind: str, base_url: str, model: str, words: list[str]) -> None:
@@ -516,7 +592,7 @@ def fmt_triple(s: dict, scale: float = 1.0, digits: int = 0) -> str:
     return "/".join(f"{s[f'p{p}'] * scale:.{digits}f}" for p in PERCENTILES)
 
 
-CLIENT = "客户端（本进程）"
+CLIENT = "客户端"
 
 
 def cpu_table(runs: list[dict]) -> str:
@@ -548,6 +624,117 @@ def table(runs: list[dict]) -> str:
         fmt_triple(run["itl_ms"], digits=1), fmt_triple(run["e2e_ms"], 1 / 1000, 2)]
         for run in runs]
     return aligned(rows)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a run or process label."""
+    return re.sub(r"[^0-9A-Za-z._-]+", "_", text.replace("速率 ", "rate-")).strip("_")
+
+
+def scheduler_counters(base_url: str) -> dict[str, int]:
+    """The scheduler's cumulative time counters from /stats (the loop's idle / receive / step /
+    send time, steps by kind); {} for a server that has none."""
+    import httpx
+
+    try:
+        stats = httpx.get(f"{base_url}/stats", timeout=30).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {k: v for k, v in stats.items() if isinstance(v, int)
+            and k.endswith(("_us", "_steps", "_requests"))}
+
+
+def scheduler_table(runs: list[dict]) -> str:
+    """Rank 0's scheduler loop during each run: the share of its time blocked with nothing to
+    do, taking messages, stepping and sending; its steps by kind and their mean time."""
+    rows = [["调度器（rank 0）", "空闲", "收消息", "step", "发结果", "prefill 步 · ms/步",
+             "decode 步 · 平均 batch · ms/步"]]
+    for run in runs:
+        c = run["scheduler"]
+        if not c:
+            continue
+        parts = [c.get(f"loop_{k}_us", 0) for k in ("idle", "receive", "step", "send")]
+        total = sum(parts) or 1
+        per = lambda kind: c[f"{kind}_us"] / 1000 / max(c[f"{kind}_steps"], 1)  # noqa: E731
+        rows.append([run["label"], *(f"{x / total:.0%}" for x in parts),
+                     f"{c['prefill_steps']} · {per('prefill'):.1f}",
+                     f"{c['decode_steps']} · {c['decode_requests'] / max(c['decode_steps'], 1):.0f}"
+                     f" · {per('decode'):.2f}"])
+    return aligned(rows)
+
+
+def compare_offline(args: argparse.Namespace, rounds: list[tuple[int, list[Request], object]]
+                    ) -> list[dict]:
+    """LLM.generate on the same requests (same ids, lengths, greedy, ignore_eos), in this
+    process, after the servers have stopped: what the engine computes without the pipeline
+    around it. Also its decode step time, from the scheduler's own counters."""
+    sys.path.insert(0, str(args.engine_path))
+    import torch
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    gpu = torch.cuda.is_available() and (args.device or "cuda").startswith("cuda")
+    dtype = getattr(torch, args.dtype) if args.dtype else (
+        torch.bfloat16 if gpu else torch.float32)
+    print(f"  ……离线对照：LLM.generate，{dtype}，{args.device or '默认设备'}", file=sys.stderr,
+          flush=True)
+    llm = LLM(args.model, dtype=dtype, **({"device": args.device} if args.device else {}))
+    results = []
+    try:
+        llm.generate([[1, 2, 3, 4]] * 2, SamplingParams(max_tokens=4, ignore_eos=True),
+                     progress=False)  # the same warm-up as the server's
+        for round_, requests, tokenizer in rounds:
+            ids = [prompt_ids(tokenizer, r) for r in requests]
+            params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True)
+                      for r in requests]
+            scheduler = getattr(llm.backend, "scheduler", None)
+            before = scheduler.stats() if scheduler is not None else {}
+            start = time.perf_counter()
+            outputs = llm.generate(ids, params, progress=False)
+            duration = time.perf_counter() - start
+            after = scheduler.stats() if scheduler is not None else {}
+            steps = after.get("decode_steps", 0) - before.get("decode_steps", 0)
+            tokens = sum(len(o["token_ids"]) for o in outputs)
+            results.append({
+                "round": round_, "output_tokens": tokens, "duration_s": duration,
+                "output_throughput": tokens / duration, "decode_steps": steps,
+                "decode_ms": ((after["decode_us"] - before["decode_us"]) / 1000 / steps
+                              if steps else None),
+                "decode_batch": ((after["decode_requests"] - before["decode_requests"]) / steps
+                                 if steps else None)})
+            print(f"  ……离线 LLM.generate：{tokens:,} 个输出 token，{duration:.1f}s", file=sys.stderr,
+                  flush=True)
+    finally:
+        llm.shutdown()
+    return results
+
+
+def floors(runs: list[dict], offline: list[dict], gpu: bool) -> str:
+    """The serving floors, checked on this run's numbers: streamed throughput at rate inf
+    ≥ 80% of LLM.generate on the same requests; ITL p50 ≤ 2× the engine's decode step (from
+    LLM.generate's own counters); on a GPU, TTFT p50 at 16 req/s ≤ 150 ms."""
+    lines = ["下限："]
+    mark = lambda ok: "达到" if ok else "未达到"  # noqa: E731
+    for o in offline:
+        for run in (r for r in runs if r["round"] == o["round"] and r["completed"]):
+            ratio = run["output_throughput"] / o["output_throughput"]
+            lines.append(f"  {run['label']}：在线 {run['output_throughput']:,.0f} / 离线 "
+                         f"{o['output_throughput']:,.0f} 输出 token/s = {ratio:.0%}"
+                         f"（≥ 80%：{mark(ratio >= 0.8)}）")
+            if o["decode_ms"] and run["itl_ms"]["p50"] is not None:
+                itl = run["itl_ms"]["p50"]
+                lines.append(f"  {run['label']}：ITL p50 {itl:.1f} ms，引擎 decode 一步 "
+                             f"{o['decode_ms']:.2f} ms（平均 batch {o['decode_batch']:.0f}），"
+                             f"{itl / o['decode_ms']:.2f} 倍（≤ 2 倍：{mark(itl <= 2 * o['decode_ms'])}）")
+                if (tpot := run["tpot_ms"]["p50"]) is not None:  # a chunk may carry several
+                    lines.append(f"  {run['label']}：每个 token 的间隔 TPOT p50 {tpot:.1f} ms，"
+                                 f"{tpot / o['decode_ms']:.2f} 倍；平均每块 "
+                                 f"{run['output_tokens'] / max(run['chunks'], 1):.2f} 个 token")
+    if gpu:
+        for run in (r for r in runs if r["rate"] == 16.0 and r["completed"]):
+            ttft = run["ttft_ms"]["p50"]
+            lines.append(f"  {run['label']}：TTFT p50 {ttft:.0f} ms（≤ 150 ms：{mark(ttft <= 150)}）")
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def plot(report: dict, path: str) -> None:
@@ -610,6 +797,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per second, each a run of its own; inf sends all at once "
                         "(default: 1 4 inf on the CPU, 8 16 32 inf on cuda)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="client processes sharing the requests, so that one client's CPU is "
+                        "not the ceiling (default: 1 on the CPU, 4 on cuda)")
     p.add_argument("--client", choices=list(CLIENTS), default="httpx",
                    help="httpx reads the event stream itself; openai is the openai package's "
                         "AsyncOpenAI, which costs the client far more CPU per chunk")
@@ -648,6 +838,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--server-args", default="",
                    help='more options for python -m minisgl, e.g. "--max-running-req 64 --tp 2"')
     g.add_argument("--startup-timeout", type=float, default=600.0)
+    g.add_argument("--engine-path", type=Path, default=ROOT / "python",
+                   help="serve the minisgl package under this directory (default: this "
+                        "repository's python/), e.g. an older checkout's, to compare versions")
+    g = p.add_argument_group("where the time goes")
+    g.add_argument("--profile", metavar="DIR", type=Path, default=None,
+                   help="record every server process with py-spy during each run "
+                        "(DIR/<run>-<process>.txt; summary: benchmark/pyspy.py)")
+    g.add_argument("--compare-offline", action="store_true",
+                   help="after the server runs, LLM.generate the requests of each rate-inf run "
+                        "in this process (same model, dtype and device) and compare: output "
+                        "token/s, and the engine's decode step time against the stream's ITL")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="draw TTFT / ITL / E2E p50 and p99 against the rate into a PNG "
@@ -721,14 +922,33 @@ def main(argv: list[str] | None = None) -> int:
             requests = workload(round_)
             label = (f"{cache} · " if len(cache_types) > 1 else "") + f"速率 {rate_label(rate)}"
             arrivals = arrival_times(len(requests), rate, args.seed)
-            before, client = snapshot(processes), time.process_time()
-            results, duration = asyncio.run(replay(args.client, base_url, model_name, requests,
-                                                   arrivals, label))
-            client, after = time.process_time() - client, snapshot(processes)
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            recorders = ([pyspy.start(pid, args.profile / f"{slug(label)}-{slug(name)}.txt")
+                          for name, pid in processes.items()] if args.profile else [])
+            at_start: dict = {}
+
+            def read_counters() -> None:  # at the run's first instant
+                at_start.update(counters=scheduler_counters(base_url), before=snapshot(processes),
+                                threads={n: thread_seconds(pid) for n, pid in processes.items()})
+
+            results, duration, client = replay_in_processes(
+                args.client, base_url, model_name, requests, arrivals, label,
+                args.client_processes, read_counters)
+            after = snapshot(processes)
+            counters, before, threads = (at_start[k] for k in ("counters", "before", "threads"))
+            counters = {k: v - counters[k] for k, v in scheduler_counters(base_url).items()
+                        if k in counters}
+            for error in pyspy.stop(recorders):
+                print(f"  ……py-spy：{error}", file=sys.stderr, flush=True)
+            if args.profile:  # which threads of each process used the CPU
+                for name, pid in processes.items():
+                    print(f"  ……{label} · {name} 的线程：" + busiest_threads(
+                        threads[name], thread_seconds(pid), duration), file=sys.stderr, flush=True)
             cpu = {CLIENT: client, **{n: after[n] - before[n] for n in after if n in before}}
             run = {"label": label, "round": round_, "cache_type": cache,
                    "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
-                   "cpu_s": cpu, "requests": [asdict(r) for r in results]}
+                   "cpu_s": cpu, "scheduler": counters, "requests": [asdict(r) for r in results]}
             runs.append(run)
             failed = [r for r in results if not r.ok]
             print(f"  ……{label}：{duration:.1f}s，完成 {run['completed']}/{len(results)}"
@@ -757,7 +977,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ……启动服务器：{' '.join(shlex.quote(a) for a in argv_[1:])}",
                   file=sys.stderr, flush=True)
             started = time.perf_counter()
-            server = Server(argv_, args.host, port, args.server_threads)
+            server = Server(argv_, args.host, port, args.server_threads, args.engine_path)
             try:
                 server.wait_ready(args.startup_timeout)
                 print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,
@@ -786,6 +1006,18 @@ def main(argv: list[str] | None = None) -> int:
     # Measured server by server; shown rate by rate, so that the caches stand side by side.
     print(table(sorted(runs, key=lambda run: run["round"])))
     print(cpu_table(sorted(runs, key=lambda run: run["round"])))
+    if any(run["scheduler"] for run in runs):
+        print(scheduler_table(sorted(runs, key=lambda run: run["round"])))
+    offline: list[dict] = []
+    if args.compare_offline:
+        offline = compare_offline(args, [(round_, workload(round_), tokenizer)
+                                         for round_, rate in enumerate(args.rates)
+                                         if math.isinf(rate)])
+    if (lines := floors(runs, offline, gpu)):
+        print(lines)
+    if args.profile:
+        for path in sorted(args.profile.glob("*.txt")):
+            print(pyspy.summary(path, top=15))
     if args.compare_cache:  # radix against naive at each rate, in one line each
         for round_, rate in enumerate(args.rates):
             radix, naive = (next(r for r in runs if r["round"] == round_ and r["cache_type"] == c)
@@ -799,9 +1031,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
     report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
               "model": model_name, "workload": args.workload,
-              "options": {k: (list(map(str, v)) if k == "rates" else v)
+              "options": {k: (list(map(str, v)) if k == "rates" else
+                              str(v) if isinstance(v, Path) else v)
                           for k, v in vars(args).items()},
-              "runs": runs}
+              "runs": runs, "offline": offline}
     save(report, args.json, args.plot, plot)
     return 0 if all(run["failed"] == 0 for run in runs) else 1
 

@@ -14,7 +14,7 @@ batch 大小分桶各一行：步数、实测、下界、实测/下界、受限�
     python benchmark/roofline.py                                   # CPU，tiny-qwen3，4 个请求
     python benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \\
         --workload official --json roofline.json --plot roofline.png
-    python benchmark/roofline.py --from-json roofline.json --bandwidth 4.3e12
+    python benchmark/roofline.py --from-json roofline.json --bandwidth 4.0e12
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bandwidth", type=float, default=H200_HBM_BANDWIDTH,
                         help=f"bytes/s (default: H200 HBM3e spec; {H200_COPY_BANDWIDTH:.1e} is "
-                             f"an assumed copy rate)")
+                             f"the copy rate measured on an H200)")
     parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK,
                         help="FLOP/s (default: H200 dense bf16 spec)")
     parser.add_argument("--json", metavar="PATH", help="write every number here")

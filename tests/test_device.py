@@ -10,7 +10,8 @@ import torch
 
 from conftest import reference_cpu_threads, sysfs_physical_cores
 from minisgl.utils import device as device_module
-from minisgl.utils import (NullEvent, NullStream, configure_cpu_threads, create_event,
+from minisgl.utils import (NullEvent, NullStream, configure_cpu_threads,
+                           configure_gpu_host_threads, create_event,
                            create_stream, physical_core_count, pick_device, pin,
                            usable_cpu_count, use_stream)
 
@@ -113,6 +114,15 @@ def test_configure_cpu_threads_uses_physical_cores_capped_by_usable(monkeypatch,
     assert configure_cpu_threads() == 3 and torch.get_num_threads() == 3
     monkeypatch.setattr(device_module, "usable_cpu_count", lambda: 16)
     assert configure_cpu_threads() == 8
+
+
+def test_a_gpu_process_keeps_one_host_thread_unless_told(monkeypatch, restore_threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    assert configure_gpu_host_threads() == 1 and torch.get_num_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    assert configure_gpu_host_threads() == 2
 
 
 def test_configure_cpu_threads_splits_cores_among_tp_ranks(monkeypatch, restore_threads):

@@ -501,7 +501,10 @@ def test_stats_right_after_an_abort_show_every_page_back_on_both_ranks(process_r
     assert 3 <= len(rank0.tokens[10]) < 50
     assert rank0.after_end == rank1.after_end == []  # "aborted" is the request's last word
     [reply0], [reply1] = rank0.stats, rank1.stats
-    assert reply0.uid == 11 and reply0 == reply1
+    # Same decisions on both ranks: every count equal; only the time counters (_us) differ.
+    decisions = [{k: v for k, v in r.stats.items() if not k.endswith("_us")}
+                 for r in (reply0, reply1)]
+    assert reply0.uid == reply1.uid == 11 and decisions[0] == decisions[1]
     stats = reply0.stats
     assert stats["free_pages"] + stats["cached_pages"] == stats["num_pages"] == 128, stats
     assert stats["locked_pages"] == 0 and stats["running"] == stats["waiting"] == 0, stats

@@ -547,6 +547,63 @@ def test_a_client_gone_before_the_first_reply_is_noticed_and_aborted(monkeypatch
     assert frontend.calls == [("abort", 7)]
 
 
+class QueuedFrontend(RecordingFrontend):
+    """A Frontend whose every request has `replies` queued already."""
+
+    def __init__(self, replies: list) -> None:
+        super().__init__()
+        self.replies = replies
+
+    def submit(self, prompt, params, fit_to_context=False) -> tuple[int, asyncio.Queue]:
+        queue: asyncio.Queue = asyncio.Queue()
+        for reply in self.replies:
+            queue.put_nowait(reply)
+        return 7, queue
+
+
+def asgi_post(app, path: str, body: dict, send_fails_at: int) -> list[dict]:
+    """POST `body` to the app in this process; the client's socket breaks at the
+    `send_fails_at`-th body chunk (OSError, as uvicorn's writes raise). The messages sent."""
+    raw = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+             "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            if sum(m["type"] == "http.response.body" for m in sent) + 1 == send_fails_at:
+                raise OSError("the client has gone")
+        sent.append(message)
+
+    async def call() -> None:
+        try:
+            await app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - the broken socket surfaces here, as in uvicorn
+            pass
+
+    asyncio.run(call())
+    return sent
+
+
+@pytest.mark.parametrize("chunk", [1, 2], ids=["role-chunk", "first-text-chunk"])
+def test_a_streaming_client_that_leaves_early_frees_its_request(chunk):
+    from minisgl.message import UserReply
+    from minisgl.server.api_server import create_app
+
+    frontend = QueuedFrontend([UserReply(7, " Paris", False, prompt_tokens=3)])
+    app = create_app(frontend, "m", 128)  # type: ignore[arg-type]
+    asgi_post(app, "/v1/chat/completions",
+              {"messages": [{"role": "user", "content": "x"}], "stream": True}, chunk)
+    # The first reply was read (wait_first); no more came: the request must be aborted.
+    assert ("abort", 7) in frontend.calls, frontend.calls
+
+
 # ----------------------------------------------------------------------------------------------
 # The shell
 

@@ -6,7 +6,7 @@ chapter N is the overlay of chapters 0..N (later chapters win); python/minisgl i
 all chapters as relative symlinks. A built chapter (`build N DIR`) is self-contained: the package,
 main.py, the test modules that name chapter N (`CHAPTER = N`), the chapter's example and a link to
 models/; `check` builds every chapter that way and runs its main and its tests there.
-Commands: check, tree, diff, build, link (see --help).
+Commands: check, tree, diff, build, link, exercise (tools/exercises.py; see --help).
 The book's mkdocs hook imports this file and calls render_tree(root, n) / render_diff(root, n).
 """
 
@@ -685,9 +685,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("chapter")
     b.add_argument("dir", type=Path)
     sub.add_parser("link", help=f"regenerate python/{PACKAGE} from steps/")
+    sys.path.insert(0, str(TOOLS))  # when this file was imported by path (tests, the book's hook)
+    import exercises  # the exercise command builds on this module, so it lives in its own
+    exercises.add_command(sub)
     args = parser.parse_args(argv)
     root: Path = args.root
     try:
+        if args.cmd == "exercise":
+            return exercises.command(root, args)
         if args.cmd == "check":
             return check(root, args.chapters, args.record, args.verbose, args.timeout, args.jobs)
         if args.cmd == "link":

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/llm/llm.py
+../../../steps/ch21_benchmark/minisgl/llm/llm.py

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/scheduler/io.py
+../../../steps/ch21_benchmark/minisgl/scheduler/io.py

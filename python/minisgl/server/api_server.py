@@ -1,1 +1,1 @@
-../../../steps/ch15_api_server/minisgl/server/api_server.py
+../../../steps/ch21_benchmark/minisgl/server/api_server.py

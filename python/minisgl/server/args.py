@@ -1,1 +1,1 @@
-../../../steps/ch20_moe/minisgl/server/args.py
+../../../steps/ch21_benchmark/minisgl/server/args.py

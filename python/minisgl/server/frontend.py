@@ -1,1 +1,1 @@
-../../../steps/ch15_api_server/minisgl/server/frontend.py
+../../../steps/ch21_benchmark/minisgl/server/frontend.py

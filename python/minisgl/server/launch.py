@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/server/launch.py
+../../../steps/ch21_benchmark/minisgl/server/launch.py

@@ -1,1 +1,1 @@
-../../../steps/ch15_api_server/minisgl/tokenizer/worker.py
+../../../steps/ch21_benchmark/minisgl/tokenizer/worker.py

@@ -10,8 +10,8 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import load_model
-from minisgl.utils import (Event, configure_cpu_threads, create_event, create_stream, pick_device,
-                           pin, use_stream)
+from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
+                           create_stream, pick_device, pin, use_stream)
 
 from .config import EngineConfig
 from .sampler import Sampler, SamplingArgs
@@ -45,10 +45,9 @@ class Engine:
 
     def _build(self, config: EngineConfig) -> None:
         self.device = pick_device(config.device)
-        self.num_threads = 0
-        if self.device.type == "cpu":
-            self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-            self.num_threads = configure_cpu_threads()
+        self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
+        self.num_threads = (configure_cpu_threads() if self.device.type == "cpu"
+                            else configure_gpu_host_threads())
         self.stream = create_stream(self.device)
         self.model = load_model(config.model_path, config.dtype, self.device)
         model_config = self.model.config

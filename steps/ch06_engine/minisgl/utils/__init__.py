@@ -1,8 +1,8 @@
 """Small helpers shared by the upper modules."""
 
-from .device import (Event, NullEvent, NullStream, Stream, configure_cpu_threads, create_event,
-                     create_stream, physical_core_count, pick_device, pin, usable_cpu_count,
-                     use_stream)
+from .device import (Event, NullEvent, NullStream, Stream, configure_cpu_threads,
+                     configure_gpu_host_threads, create_event, create_stream,
+                     physical_core_count, pick_device, pin, usable_cpu_count, use_stream)
 from .registry import Registry
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "Registry",
     "Stream",
     "configure_cpu_threads",
+    "configure_gpu_host_threads",
     "create_event",
     "create_stream",
     "physical_core_count",

@@ -72,6 +72,16 @@ class Generation:
             raise APIError(first.error)
         self.first = first
 
+    def _with_queued(self, reply: UserReply) -> list[UserReply]:
+        """`reply` and the replies already queued behind it. When the reader falls behind (a
+        slow client, or a server busy with many streams), the tokens that piled up go out as
+        one piece: one chunk costs the same JSON encoding, SSE event and socket write whether
+        it carries one token or ten, so a stream catches up instead of falling further back."""
+        replies = [reply]
+        while not replies[-1].finished and not self.queue.empty():
+            replies.append(self.queue.get_nowait())
+        return replies
+
     async def pieces(self, client_gone: Callable[[], Awaitable[bool]] | None = None
                      ) -> AsyncIterator[str]:
         """The text as it is produced; finish_reason is set once it ends. If the client goes
@@ -82,15 +92,18 @@ class Generation:
         ended = False
         try:
             while reply is not None:
-                ended = reply.finished
-                self.prompt_tokens = reply.prompt_tokens
-                self.completion_tokens += 1
-                text = self.matcher.feed(reply.incremental_output)
-                if self.matcher.stopped:
-                    self.finish_reason = "stop"
-                elif reply.finished:
-                    text += self.matcher.flush()
-                    self.finish_reason = reply.finish_reason
+                text = ""
+                for reply in self._with_queued(reply):
+                    ended = reply.finished
+                    self.prompt_tokens = reply.prompt_tokens
+                    self.completion_tokens += 1
+                    text += self.matcher.feed(reply.incremental_output)
+                    if self.matcher.stopped:
+                        self.finish_reason = "stop"
+                        break
+                    if reply.finished:
+                        text += self.matcher.flush()
+                        self.finish_reason = reply.finish_reason
                 if text:
                     yield text
                 if self.finish_reason is not None:
@@ -101,6 +114,24 @@ class Generation:
                 self.frontend.done(self.uid)
             else:  # the client is gone, or a stop string came first: free the request
                 self.frontend.abort(self.uid)
+
+
+class GenerationStream(StreamingResponse):
+    """A streamed answer that frees its request however the stream ends. Generation.pieces
+    does so when it is cancelled, but a client can leave before the stream reaches it (during
+    the chat stream's role chunk, or before the first byte is sent): then no code of the
+    generator's ever runs again, and the request would wait in the frontend forever. abort()
+    does nothing once the request has ended."""
+
+    def __init__(self, events: AsyncIterator[str], gen: Generation) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.gen = gen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gen.frontend.abort(self.gen.uid)
 
 
 def _sse(body: dict[str, Any]) -> str:
@@ -174,7 +205,7 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
                             "choices": [], "usage": gen.usage})
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return GenerationStream(events(), gen)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

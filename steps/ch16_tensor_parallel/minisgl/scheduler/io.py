@@ -8,6 +8,7 @@ sends results; the other ranks' results are the same and go nowhere.
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
@@ -97,6 +98,9 @@ class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, io: SchedulerIO) -> None:
         self.scheduler, self.io = scheduler, io
         self.prompt_tokens: dict[int, int] = {}  # of the running requests, for their usage
+        # Where the loop's time goes, in seconds: idle (blocked for messages: nothing to do),
+        # receiving (taking and decoding messages while there is work), stepping, sending.
+        self.seconds = dict.fromkeys(("idle", "receive", "step", "send"), 0.0)
 
     def handle(self, msg: Message) -> list[Message]:
         if isinstance(msg, UserMsg):
@@ -129,19 +133,31 @@ class SchedulerLoop:
         False once an ExitMsg has arrived."""
         out: list[Message] = []
         stats_requests = []
-        for msg in self.io.receive(blocking=not self.scheduler.has_work):
+        start = time.perf_counter()
+        idle = not self.scheduler.has_work
+        messages = self.io.receive(blocking=idle)
+        for msg in messages:
             if isinstance(msg, ExitMsg):
                 return False
             if isinstance(msg, StatsMsg):
                 stats_requests.append(msg)
             else:
                 out += self.handle(msg)
+        received = time.perf_counter()
+        self.seconds["idle" if idle else "receive"] += received - start
         if self.scheduler.has_work:
             out += [self.report(t) for t in self.scheduler.step()]
+        stepped = time.perf_counter()
+        self.seconds["step"] += stepped - received
         # Answered after the step: a request aborted in the batch in flight is freed in it.
-        out += [StatsReply(m.uid, self.scheduler.stats()) for m in stats_requests]
+        out += [StatsReply(m.uid, self.stats()) for m in stats_requests]
         self.io.send(out)
+        self.seconds["send"] += time.perf_counter() - stepped
         return True
+
+    def stats(self) -> dict[str, int]:
+        return {**self.scheduler.stats(),
+                **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
 
 
 def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,27 +87,27 @@ class FlashInferBackend(BaseAttentionBackend):
         return None
 
     def prepare_metadata(self, batch: Batch) -> None:
-        reqs, size = batch.reqs, self.page_size
+        reqs, size, n = batch.reqs, self.page_size, len(batch.reqs)
         # The batch's shape, as FlashInfer's plan wants it: host tensors, pinned so that the
-        # copies plan() makes are asynchronous.
-        seq_lens = torch.tensor([r.device_len for r in reqs], dtype=torch.int32)
-        num_pages = (seq_lens + size - 1) // size
-        kv_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
-        kv_indptr[1:] = num_pages.cumsum(0)
-        last_page_len = seq_lens - (num_pages - 1) * size
-        qo_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int32)
-        qo_indptr[1:] = torch.tensor([r.extend_len for r in reqs]).cumsum(0)
-        # The pages of request r are page_table[row_r, j * page_size] // page_size for
-        # j < num_pages_r: their positions in the flattened table, computed here, gathered
-        # on the device (the table lives there).
-        owner, page_of_req = ragged_arange(torch.zeros_like(num_pages), num_pages)
-        rows = torch.tensor([r.table_idx for r in reqs])[owner]
-        flat = rows * self.page_table.shape[1] + page_of_req * size
-        device_part = pin(torch.cat([flat, qo_indptr[1:].long() - 1]), self.device)
-        device_part = device_part.to(self.device, non_blocking=True)
-        indices = self.page_table.view(-1)[device_part[: len(flat)]] // size
-        host_part = [pin(t, self.device) for t in (qo_indptr, kv_indptr, last_page_len, seq_lens)]
-        qo_indptr, kv_indptr, last_page_len, seq_lens = host_part
+        # copies plan() makes are asynchronous. Built from a few Python ints per request: the
+        # host's work grows with the number of requests, never with their lengths.
+        seq = [r.device_len for r in reqs]
+        pages = [(s + size - 1) // size for s in seq]
+        shape = [0, *accumulate(r.extend_len for r in reqs), 0, *accumulate(pages),
+                 *(s - (p - 1) * size for s, p in zip(seq, pages)), *seq,
+                 *(r.table_idx for r in reqs)]
+        host = pin(torch.tensor(shape, dtype=torch.int32), self.device)
+        qo_indptr, kv_indptr, last_page_len, seq_lens, _ = host.split([n + 1, n + 1, n, n, n])
+        # The page indices are one per page of context (256 requests of 1,000 tokens at
+        # page_size 1: 256,000), so they are computed where the page table is: the pages of
+        # request r are page_table[row_r, j * page_size] // page_size for j < pages[r].
+        device = host.to(self.device, non_blocking=True)
+        qo_indptr_d, kv_indptr_d, _, _, rows = device.split([n + 1, n + 1, n, n, n])
+        owner, page_of_req = ragged_arange(torch.zeros_like(rows), kv_indptr_d.diff(),
+                                           total=sum(pages))
+        flat = rows.long()[owner] * self.page_table.shape[1] + page_of_req * size
+        indices = self.page_table.view(-1)[flat] // size
+        last_indices = qo_indptr_d[1:].long() - 1  # each request's last query row
 
         prefill, decode = self.wrapper_sets[self.batches_planned % 2]
         self.batches_planned += 1
@@ -123,8 +124,7 @@ class FlashInferBackend(BaseAttentionBackend):
                          causal=True, **common)
             wrapper = prefill
         batch.attn_metadata = FlashInferMetadata(
-            last_indices=device_part[len(flat):], wrapper=wrapper,
-            buffers=(device_part, indices, *host_part))
+            last_indices=last_indices, wrapper=wrapper, buffers=(host, device, indices))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:

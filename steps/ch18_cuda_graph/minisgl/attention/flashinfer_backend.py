@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,28 +89,26 @@ class FlashInferBackend(BaseAttentionBackend):
     def _shape(self, rows: list[int], seq_lens: list[int],
                extend_lens: list[int]) -> tuple[torch.Tensor, ...]:
         """The batch's shape as plan() wants it — host tensors, pinned so that plan's copies are
-        asynchronous — plus the page indices (gathered on the device, where the page table
-        is) and each request's last query row (on the device)."""
-        size = self.page_size
-        seq = torch.tensor(seq_lens, dtype=torch.int32)
-        num_pages = (seq + size - 1) // size
-        kv_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
-        kv_indptr[1:] = num_pages.cumsum(0)
-        last_page_len = seq - (num_pages - 1) * size
-        qo_indptr = torch.zeros(len(rows) + 1, dtype=torch.int32)
-        qo_indptr[1:] = torch.tensor(extend_lens).cumsum(0)
-        # The pages of request r are page_table[row_r, j * page_size] // page_size for
-        # j < num_pages_r: their positions in the flattened table, computed here, gathered
-        # on the device (the table lives there).
-        owner, page_of_req = ragged_arange(torch.zeros_like(num_pages), num_pages)
-        flat = torch.tensor(rows)[owner] * self.page_table.shape[1] + page_of_req * size
-        device_part = pin(torch.cat([flat, qo_indptr[1:].long() - 1]), self.device)
-        device_part = device_part.to(self.device, non_blocking=True)
-        indices = self.page_table.view(-1)[device_part[: len(flat)]] // size
-        last_indices = device_part[len(flat):]
-        qo_indptr, kv_indptr, last_page_len, seq = (
-            pin(t, self.device) for t in (qo_indptr, kv_indptr, last_page_len, seq))
-        return qo_indptr, kv_indptr, indices, last_page_len, seq, last_indices, device_part
+        asynchronous — plus, on the device, the page indices and each request's last query
+        row. Built from a few Python ints per request: the host's work grows with the number
+        of requests, never with their lengths."""
+        size, n = self.page_size, len(rows)
+        pages = [(s + size - 1) // size for s in seq_lens]
+        shape = [0, *accumulate(extend_lens), 0, *accumulate(pages),
+                 *(s - (p - 1) * size for s, p in zip(seq_lens, pages)), *seq_lens, *rows]
+        host = pin(torch.tensor(shape, dtype=torch.int32), self.device)
+        qo_indptr, kv_indptr, last_page_len, seq, _ = host.split([n + 1, n + 1, n, n, n])
+        # The page indices are one per page of context (256 requests of 1,000 tokens at
+        # page_size 1: 256,000), so they are computed where the page table is: the pages of
+        # request r are page_table[row_r, j * page_size] // page_size for j < pages[r].
+        device = host.to(self.device, non_blocking=True)
+        qo_indptr_d, kv_indptr_d, _, _, rows_d = device.split([n + 1, n + 1, n, n, n])
+        owner, page_of_req = ragged_arange(torch.zeros_like(rows_d), kv_indptr_d.diff(),
+                                           total=sum(pages))
+        flat = rows_d.long()[owner] * self.page_table.shape[1] + page_of_req * size
+        indices = self.page_table.view(-1)[flat] // size
+        last_indices = qo_indptr_d[1:].long() - 1
+        return qo_indptr, kv_indptr, indices, last_page_len, seq, last_indices, host, device
 
     def _plan_decode(self, wrapper: Any, kv_indptr: torch.Tensor, indices: torch.Tensor,
                      last_page_len: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -120,7 +119,7 @@ class FlashInferBackend(BaseAttentionBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.reqs
-        qo_indptr, kv_indptr, indices, last_page_len, seq_lens, last_indices, device_part = \
+        qo_indptr, kv_indptr, indices, last_page_len, seq_lens, last_indices, host, device = \
             self._shape([r.table_idx for r in reqs], [r.device_len for r in reqs],
                         [r.extend_len for r in reqs])
         prefill, decode = self.wrapper_sets[self.batches_planned % 2]
@@ -139,7 +138,7 @@ class FlashInferBackend(BaseAttentionBackend):
             wrapper = prefill
         batch.attn_metadata = FlashInferMetadata(
             last_indices=last_indices, wrapper=wrapper,
-            buffers=(device_part, indices, qo_indptr, kv_indptr, last_page_len, seq_lens))
+            buffers=(host, device, indices))
 
     # --- CUDA graphs: FlashInfer's graph decode wrapper reads its shape from static buffers ---
 
@@ -169,7 +168,7 @@ class FlashInferBackend(BaseAttentionBackend):
             self.graph_last_page_len[:batch_size], "NHD", use_tensor_cores=self.tensor_cores)
         self.graph_wrappers[batch_size] = wrapper
         rows, seq_lens = [self.dummy_row] * batch_size, [1] * batch_size
-        _, kv_indptr, indices, last_page_len, seq, _, _ = self._shape(rows, seq_lens, seq_lens)
+        _, kv_indptr, indices, last_page_len, seq, *_ = self._shape(rows, seq_lens, seq_lens)
         self._plan_decode(wrapper, kv_indptr, indices, last_page_len, seq)  # plan, then capture
         return FlashInferMetadata(torch.arange(batch_size, device=self.device), wrapper, ())
 
@@ -177,7 +176,8 @@ class FlashInferBackend(BaseAttentionBackend):
         pad = padded_size - batch.size  # padding rows: the dummy row, one key
         rows = [r.table_idx for r in batch.reqs] + [self.dummy_row] * pad
         seq_lens = [r.device_len for r in batch.reqs] + [1] * pad
-        _, kv_indptr, indices, last_page_len, seq, _, _ = self._shape(rows, seq_lens, [1] * len(rows))
+        _, kv_indptr, indices, last_page_len, seq, *_ = self._shape(rows, seq_lens,
+                                                                   [1] * len(rows))
         self.last_plan.synchronize()
         # Copies into the static buffers, on the current stream: after the previous replay.
         self._plan_decode(self.graph_wrappers[padded_size], kv_indptr, indices, last_page_len,

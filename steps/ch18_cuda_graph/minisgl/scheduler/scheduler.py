@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -38,6 +40,21 @@ class InFlight(NamedTuple):
     inputs: tuple[object, ...]
 
 
+@dataclass
+class StepTimes:
+    """Wall time of the steps that launched one kind of batch. With overlap, a step launches
+    one batch and then waits for the one before: in a steady run its time is the period
+    between launches, whichever of the device and the host is slower."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    requests: int = 0  # summed over the steps: divided by `steps`, the mean batch size
+
+    def add(self, seconds: float, requests: int) -> None:
+        self.steps, self.seconds, self.requests = (
+            self.steps + 1, self.seconds + seconds, self.requests + requests)
+
+
 class Scheduler:
     """Chooses what the engine computes at each step: new requests' prompts first (prefill),
     otherwise one more token for every running request (decode). Requests join and leave the
@@ -65,6 +82,7 @@ class Scheduler:
         self.finished: set[Req] = set()  # done, but still inside the batch in flight
         self.prefill_computed_tokens = 0  # prompt tokens actually computed (statistics)
         self.last_batch_chunked = False
+        self.step_times = {"prefill": StepTimes(), "decode": StepTimes()}
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
                     sampling_params: SamplingParams) -> None:
@@ -84,13 +102,18 @@ class Scheduler:
         or of this one (without)."""
         # The host's device work (token pool and page table writes) goes to the engine's
         # preparation stream, which its forward waits for.
+        start = time.perf_counter()
         with use_stream(self.engine.prepare_stream):
             batch = self._schedule()
             launched = self._launch(batch) if batch is not None else None
             if not self.overlap:
-                return self._process(launched, None) if launched else []
-            done, self.in_flight = self.in_flight, launched
-            return self._process(done, launched) if done else []
+                tokens = self._process(launched, None) if launched else []
+            else:
+                done, self.in_flight = self.in_flight, launched
+                tokens = self._process(done, launched) if done else []
+        if batch is not None:
+            self.step_times[batch.phase].add(time.perf_counter() - start, batch.size)
+        return tokens
 
     def _schedule(self) -> Batch | None:
         # Prefill first, except right after a chunk of a long prompt: then running requests
@@ -180,7 +203,11 @@ class Scheduler:
                 "cached_pages": (cache.evictable_size + cache.protected_size) // page_size,
                 "locked_pages": cache.protected_size // page_size,
                 "running": len(self.decode.running), "waiting": len(self.prefill.pending),
-                "rows_free": self.table.available}
+                "rows_free": self.table.available,
+                # Where the time goes (microseconds, so that every value is an int).
+                **{f"{phase}_{name}": int(value) for phase, t in self.step_times.items()
+                   for name, value in (("steps", t.steps), ("us", t.seconds * 1e6),
+                                       ("requests", t.requests))}}
 
     def _free(self, req: Req) -> None:
         self.cache.cache_req(req, finished=True)

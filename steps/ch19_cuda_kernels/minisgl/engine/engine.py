@@ -13,8 +13,8 @@ from minisgl.distributed import TPInfo, destroy_distributed, init_distributed
 from minisgl.kernel import cuda_kernels
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig, load_model
-from minisgl.utils import (Event, configure_cpu_threads, create_event, create_stream, pick_device,
-                           pin, use_stream)
+from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
+                           create_stream, pick_device, pin, use_stream)
 from minisgl.utils.ragged import ragged_arange
 
 from .config import EngineConfig
@@ -79,10 +79,9 @@ class Engine:
                 self.device = torch.device("cuda", 0)
             self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
             torch.cuda.set_device(self.device)
-        self.num_threads = 0
-        if self.device.type == "cpu":
-            self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-            self.num_threads = configure_cpu_threads(self.tp.size)
+        self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
+        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
+                            else configure_gpu_host_threads())
         # All or nothing: a failure leaves no rank or group behind.
         self.comm = init_distributed(self.tp, self.device, config.dist_init_address)
         self._undo.append(destroy_distributed)

@@ -1,0 +1,208 @@
+"""The scheduler process: messages in, scheduler steps, tokens out.
+
+Rank 0 alone receives from the tokenizer. It re-broadcasts what it received, as the raw bytes,
+to the other ranks, one frame per loop iteration, so every rank sees the same messages at the
+same iteration and takes the same decisions: same batches, same pages, same order. Only rank 0
+sends results; the other ranks' results are the same and go nowhere.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import closing
+from dataclasses import dataclass, replace
+from multiprocessing.process import BaseProcess
+
+import msgpack
+
+from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
+                             UserMsg, batched, decode, encode, unbatch)
+from minisgl.utils import trace
+from minisgl.utils.process import (ReadyQueue, Reporter, free_tcp_port, start_process,
+                                   stop_processes)
+from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
+
+from .config import SchedulerConfig
+from .scheduler import Scheduler, TokenOutput
+
+MAX_DRAIN = 256  # messages taken into one iteration at most
+PROBE, GO = b"probe", b"go"  # start-up handshake frames; real frames are msgpack lists
+
+
+class SchedulerIO:
+    """Receiving and sending for one rank.
+
+    PUB drops what it sends before a subscriber has connected, so rank 0 first sends probes
+    until every other rank has acknowledged one on `acks`, then GO: from there on each rank
+    gets every frame, in order.
+    """
+
+    def __init__(self, rank: int, world_size: int, inbox: str, broadcast: str, acks: str,
+                 reply: str | None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.reply = PushQueue(reply, bind=False, encode=encode) if reply else None
+        if rank == 0:
+            self.inbox = PullQueue(inbox, bind=True, decode=decode)
+            if world_size > 1:
+                self.broadcast = PubQueue(broadcast, bind=True, encode=encode)
+                self.acks = PullQueue(acks, bind=True, decode=decode)
+        else:
+            self.subscription = SubQueue(broadcast, bind=False, decode=decode)
+            self.acks = PushQueue(acks, bind=False, encode=encode)
+
+    def close(self) -> None:
+        """Close this rank's queues; the ones it bound remove their socket files."""
+        for name in ("reply", "inbox", "broadcast", "acks", "subscription"):
+            if (queue := getattr(self, name, None)) is not None:
+                queue.close()
+
+    def handshake(self) -> None:
+        """Returns once every rank is sure to receive every later frame."""
+        if self.world_size == 1:
+            return
+        if self.rank == 0:
+            acked: set[int] = set()
+            while len(acked) < self.world_size - 1:
+                self.broadcast.put_raw(PROBE)
+                if (ack := self.acks.get(timeout_ms=50)) is not None:
+                    acked.add(ack.uid)
+            self.broadcast.put_raw(GO)
+            return
+        acked = False
+        while (frame := self.subscription.get_raw()) != GO:
+            if frame == PROBE and not acked:
+                self.acks.put(AbortMsg(uid=self.rank))  # any message will do: it carries our rank
+                acked = True
+
+    def receive(self, blocking: bool) -> list[Message]:
+        """This iteration's messages; with `blocking`, wait until there is at least one."""
+        if self.rank == 0:
+            raws = []
+            if blocking:
+                raws.append(self.inbox.get_raw())
+            while len(raws) < MAX_DRAIN and (raw := self.inbox.get_raw(timeout_ms=0)) is not None:
+                raws.append(raw)
+            if self.world_size > 1:  # one frame per iteration, even an empty one: lockstep
+                self.broadcast.put_raw(msgpack.packb(raws))
+        else:  # an idle rank 0 blocks too, so waiting here is always right
+            raws = msgpack.unpackb(self.subscription.get_raw())
+        return [m for raw in raws for m in unbatch(decode(raw))]
+
+    def send(self, messages: list[Message]) -> None:
+        if self.reply is not None and messages:
+            self.reply.put(batched(messages))
+
+
+class SchedulerLoop:
+    """Turns messages into Scheduler calls and the Scheduler's tokens into messages."""
+
+    def __init__(self, scheduler: Scheduler, io: SchedulerIO) -> None:
+        self.scheduler, self.io = scheduler, io
+        self.prompt_tokens: dict[int, int] = {}  # of the running requests, for their usage
+        # Where the loop's time goes, in seconds: idle (blocked for messages: nothing to do),
+        # receiving (taking and decoding messages while there is work), stepping, sending.
+        self.seconds = dict.fromkeys(("idle", "receive", "step", "send"), 0.0)
+
+    def handle(self, msg: Message) -> list[Message]:
+        if isinstance(msg, UserMsg):
+            params = msg.sampling_params
+            if msg.fit_to_context:  # as many tokens as the context has room for
+                room = self.scheduler.engine.max_seq_len - len(msg.input_ids)
+                params = replace(params, max_tokens=max(1, min(params.max_tokens, room)))
+            try:
+                self.scheduler.add_request(msg.uid, msg.input_ids, params)
+            except ValueError as e:  # too long for the context or the KV pool: refuse it
+                return [DetokenizeMsg(msg.uid, -1, finished=True, error=str(e))]
+            self.prompt_tokens[msg.uid] = len(msg.input_ids)
+        elif isinstance(msg, AbortMsg):
+            # Tell the detokenizer too, so it drops the request's text state.
+            if self.scheduler.abort(msg.uid):
+                del self.prompt_tokens[msg.uid]
+                return [DetokenizeMsg(msg.uid, -1, finished=True, error="aborted")]
+        return []
+
+    def report(self, token: TokenOutput) -> DetokenizeMsg:
+        if not token.finished:
+            return DetokenizeMsg(token.uid, token.token, False,
+                                 prompt_tokens=self.prompt_tokens[token.uid])
+        return DetokenizeMsg(token.uid, token.token, True,
+                             finish_reason="stop" if token.eos else "length",
+                             prompt_tokens=self.prompt_tokens.pop(token.uid))
+
+    def run_once(self) -> bool:
+        """One iteration: take the messages, run a step if there is work, send the results.
+        False once an ExitMsg has arrived."""
+        out: list[Message] = []
+        stats_requests = []
+        start = time.perf_counter()
+        idle = not self.scheduler.has_work
+        messages = self.io.receive(blocking=idle)
+        trace.messages("recv", messages)
+        for msg in messages:
+            if isinstance(msg, ExitMsg):
+                return False
+            if isinstance(msg, StatsMsg):
+                stats_requests.append(msg)
+            else:
+                out += self.handle(msg)
+        received = time.perf_counter()
+        self.seconds["idle" if idle else "receive"] += received - start
+        if self.scheduler.has_work:
+            out += [self.report(t) for t in self.scheduler.step()]
+        stepped = time.perf_counter()
+        self.seconds["step"] += stepped - received
+        # Answered after the step: a request aborted in the batch in flight is freed in it.
+        out += [StatsReply(m.uid, self.stats()) for m in stats_requests]
+        if self.io.reply is not None:  # rank 0: the only one whose results go anywhere
+            trace.messages("send", out)  # before sending: the receipt cannot come first
+        self.io.send(out)
+        self.seconds["send"] += time.perf_counter() - stepped
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {**self.scheduler.stats(),
+                **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
+
+
+def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: str,
+                  reply: str | None, status: Reporter) -> None:
+    """A scheduler process, TP rank config.tp_rank: load this rank's shards, report ready with
+    the limits the API server must know, then loop until an ExitMsg."""
+    scheduler = Scheduler(config)
+    try:
+        io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
+        with closing(io):
+            io.handshake()
+            status.ready({"max_seq_len": scheduler.engine.max_seq_len})
+            loop = SchedulerLoop(scheduler, io)
+            while loop.run_once():
+                pass
+    finally:
+        scheduler.engine.close()  # its process group too
+
+
+@dataclass(frozen=True)
+class SchedulerAddresses:
+    inbox: str  # where rank 0 receives requests
+    reply: str  # where rank 0 sends its results
+    broadcast: str  # rank 0 -> the other ranks
+    acks: str  # the other ranks -> rank 0, once, at start-up
+
+
+def start_schedulers(config: SchedulerConfig, addresses: SchedulerAddresses,
+                     status: ReadyQueue) -> list[BaseProcess]:
+    """One scheduler process per TP rank, named scheduler-rank0, -rank1, ... Each reports on
+    `status`; only rank 0 replies."""
+    init = f"tcp://127.0.0.1:{free_tcp_port()}" if config.tp_size > 1 else None
+    processes: list[BaseProcess] = []
+    try:
+        for rank in range(config.tp_size):
+            processes.append(start_process(
+                run_scheduler, f"scheduler-rank{rank}", status,
+                config=replace(config, tp_rank=rank, dist_init_address=init),
+                inbox=addresses.inbox, broadcast=addresses.broadcast, acks=addresses.acks,
+                reply=addresses.reply if rank == 0 else None))
+    except BaseException:  # interrupted half-way: stop the ranks already started
+        stop_processes(processes)
+        raise
+    return processes

@@ -1,0 +1,253 @@
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, ForwardOutput
+from minisgl.utils import Event, trace, use_stream
+
+from .cache import CacheManager, pages_for
+from .config import SchedulerConfig, read_eos_token_ids
+from .decode import DecodeManager
+from .prefill import ChunkedReq, PendingReq, PrefillManager
+from .table import TableManager
+
+
+class TokenOutput(NamedTuple):
+    """One new token of one request, as each step reports it."""
+
+    uid: int
+    token: int
+    finished: bool
+    # It finished because `token` is an end-of-sequence token (not because of max_tokens):
+    # the token is no text, and the reason the API reports is "stop".
+    eos: bool = False
+
+
+class InFlight(NamedTuple):
+    """A launched batch whose sampled tokens have not been read on the host yet."""
+
+    batch: Batch
+    output: ForwardOutput
+    done: Event  # fires once the batch's work on the device, token-pool write included, is over
+    # What the engine's stream still reads after launch: tensors made on the preparation stream
+    # and pinned host buffers being copied. Holding them until `done` keeps the allocators
+    # from handing their memory to the next step while the device still needs it.
+    inputs: tuple[object, ...]
+
+
+@dataclass
+class StepTimes:
+    """Wall time of the steps that launched one kind of batch. With overlap, a step launches
+    one batch and then waits for the one before: in a steady run its time is the period
+    between launches, whichever of the device and the host is slower."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    requests: int = 0  # summed over the steps: divided by `steps`, the mean batch size
+
+    def add(self, seconds: float, requests: int) -> None:
+        self.steps, self.seconds, self.requests = (
+            self.steps + 1, self.seconds + seconds, self.requests + requests)
+
+
+class Scheduler:
+    """Chooses what the engine computes at each step: new requests' prompts first (prefill),
+    otherwise one more token for every running request (decode). Requests join and leave the
+    running set between steps while the others carry on: continuous batching.
+
+    With overlap, step() launches batch i+1 before it reads batch i's tokens, so the host's
+    work (scheduling, metadata, bookkeeping) runs while the device computes. That is possible
+    because the next step's inputs never come from the host: lengths are known in advance and
+    sampled tokens go straight into the device's token pool.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.engine = Engine(config)
+        # The rows and pages the scheduler hands out (the engine keeps one of each spare).
+        rows = config.max_running_req
+        self.table = TableManager(self.engine.page_table[:rows], self.engine.token_pool[:rows])
+        self.cache = CacheManager(self.engine.num_pages, self.engine.page_size,
+                                  self.engine.page_table[:rows], config.cache_type)
+        self.decode = DecodeManager(self.engine.page_size)
+        self.prefill = PrefillManager(self.table, self.cache, self.decode,
+                                      config.max_prefill_length)
+        self.eos_token_ids = read_eos_token_ids(config.model_path)
+        self.overlap = config.overlap
+        self.in_flight: InFlight | None = None
+        self.finished: set[Req] = set()  # done, but still inside the batch in flight
+        self.prefill_computed_tokens = 0  # prompt tokens actually computed (statistics)
+        self.last_batch_chunked = False
+        self.step_times = {"prefill": StepTimes(), "decode": StepTimes()}
+
+    def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
+                    sampling_params: SamplingParams) -> None:
+        """Queue a request; one that could never fit is rejected here, before it waits."""
+        ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
+        if len(ids) == 0:
+            raise ValueError(f"request {uid} has an empty prompt")
+        self.engine.check_request_fits(len(ids), sampling_params.max_tokens)
+        self.prefill.add(PendingReq(uid, ids, sampling_params))
+        trace.instant("queued", uid=uid, prompt_tokens=len(ids),
+                      waiting=len(self.prefill.pending))
+
+    @property
+    def has_work(self) -> bool:
+        return self.prefill.runnable or self.decode.runnable or self.in_flight is not None
+
+    def step(self) -> list[TokenOutput]:
+        """Launch the next batch, then report the tokens of the batch before it (with overlap)
+        or of this one (without)."""
+        # The host's device work (token pool and page table writes) goes to the engine's
+        # preparation stream, which its forward waits for.
+        start = time.perf_counter()
+        with use_stream(self.engine.prepare_stream):
+            batch = self._schedule()
+            launched = self._launch(batch) if batch is not None else None
+            if not self.overlap:
+                tokens = self._process(launched, None) if launched else []
+            else:
+                done, self.in_flight = self.in_flight, launched
+                tokens = self._process(done, launched) if done else []
+        if batch is not None:
+            self.step_times[batch.phase].add(time.perf_counter() - start, batch.size)
+        return tokens
+
+    def _schedule(self) -> Batch | None:
+        # Prefill first, except right after a chunk of a long prompt: then running requests
+        # get a decode step, so a long prompt cannot stall them for many steps.
+        if self.last_batch_chunked and self.decode.runnable:
+            batch = self.decode.schedule_next_batch()
+        else:
+            batch = self.prefill.schedule_next_batch() or self.decode.schedule_next_batch()
+        if batch is not None:
+            self.last_batch_chunked = any(isinstance(r, ChunkedReq) for r in batch.reqs)
+        return batch
+
+    def _launch(self, batch: Batch) -> InFlight:
+        """Pages for the batch's new tokens, then the engine computes it (graph or not)."""
+        traced = self._trace_admissions(batch) if trace.enabled() else {}
+        start = trace.now()  # admission was decided before: it comes first in the trace
+        self.cache.allocate(batch.reqs)
+        if batch.is_prefill:
+            self.prefill_computed_tokens += sum(r.extend_len for r in batch.reqs)
+        # A partial prompt's sampled token means nothing: it must not reach the token pool.
+        sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
+        launched = self.engine.launch(batch, sampled)  # also advances each req's lengths
+        trace.span(batch.phase, start, **traced)  # on the CPU the forward is done by now
+        for req in batch.reqs:  # lengths are known now, the tokens later
+            if isinstance(req, ChunkedReq):
+                continue
+            if batch.is_prefill:  # its prompt is on the host: share it before the next step
+                self._cache_req(req, finished=False)
+            if req.can_decode and req not in self.finished:
+                self.decode.add(req)
+            else:  # it reached max_tokens in this batch: no further step may include it
+                self.decode.remove(req)
+        return InFlight(batch, *launched)
+
+    def _process(self, done: InFlight, in_flight: InFlight | None) -> list[TokenOutput]:
+        """Read a finished batch's tokens on the host: append them, detect the end of each
+        request, and release what finished requests hold once no batch uses it any more."""
+        # After this, no device work of the batch is pending: a row or page it used may be
+        # handed to another request.
+        done.done.synchronize()
+        still_used = set(in_flight.batch.reqs) if in_flight else set()
+        results = []
+        for req, token in zip(done.batch.reqs, done.output.next_tokens_host.tolist()):
+            if req in self.finished:  # it ended (or was aborted) a step earlier
+                self.finished.discard(req)
+                self._free(req)
+                continue
+            if isinstance(req, ChunkedReq):
+                continue  # its prompt is not complete: the sampled token means nothing
+            req.append_host(token)
+            # Judged on the host's tokens: with overlap the device lengths are a step ahead.
+            eos = token in self.eos_token_ids and not req.sampling_params.ignore_eos
+            finished = eos or len(req.input_ids) == req.max_device_len
+            results.append(TokenOutput(req.uid, token, finished, eos))
+            if finished:
+                self.decode.remove(req)
+                if req in still_used:
+                    self.finished.add(req)
+                else:
+                    self._free(req)
+        return results
+
+    def abort(self, uid: int) -> bool:
+        """Drop request `uid` wherever it is, giving back its page-table row and KV pages.
+        False when there is no such request (it has finished already)."""
+        for pending in self.prefill.pending:
+            if pending.uid == uid:
+                self.prefill.pending.remove(pending)
+                trace.instant("abort", uid=uid, state="waiting")
+                if pending.chunk is not None:  # part of its prompt is computed: it holds a row
+                    self._release(pending.chunk)
+                return True
+        for req in self.decode.running:
+            if req.uid == uid:
+                self.decode.remove(req)
+                trace.instant("abort", uid=uid, state="running")
+                self._release(req)
+                return True
+        return False
+
+    def _release(self, req: Req) -> None:
+        """Free `req` now, or, if the batch in flight still computes it, once that batch is read."""
+        if self.in_flight is not None and req in self.in_flight.batch.reqs:
+            self.finished.add(req)
+        else:
+            self._free(req)
+
+    def stats(self) -> dict[str, int]:
+        """Counters for monitoring (and for tests: every page comes back once all is done)."""
+        cache, page_size = self.cache.prefix_cache, self.engine.page_size
+        return {"num_pages": self.engine.num_pages, "free_pages": len(self.cache.free_pages),
+                "cached_pages": (cache.evictable_size + cache.protected_size) // page_size,
+                "locked_pages": cache.protected_size // page_size,
+                "running": len(self.decode.running), "waiting": len(self.prefill.pending),
+                "rows_free": self.table.available,
+                # Where the time goes (microseconds, so that every value is an int).
+                **{f"{phase}_{name}": int(value) for phase, t in self.step_times.items()
+                   for name, value in (("steps", t.steps), ("us", t.seconds * 1e6),
+                                       ("requests", t.requests))}}
+
+    def _free(self, req: Req) -> None:
+        self._cache_req(req, finished=True)
+        self.table.free(req.table_idx)
+        trace.instant("finish", uid=req.uid, row=req.table_idx)
+
+    def _cache_req(self, req: Req, finished: bool) -> None:
+        """cache.cache_req, traced: how many of the request's pages the prefix cache took and
+        how many went back to the free list (duplicates of cached pages, the unshared tail)."""
+        if not trace.enabled():
+            return self.cache.cache_req(req, finished)
+        cached, free = self._cached_pages(), len(self.cache.free_pages)
+        self.cache.cache_req(req, finished)
+        trace.instant("pages_returned", uid=req.uid, finished=finished,
+                      to_cache=self._cached_pages() - cached,
+                      freed=len(self.cache.free_pages) - free)
+
+    def _cached_pages(self) -> int:
+        cache = self.cache.prefix_cache
+        return (cache.evictable_size + cache.protected_size) // self.engine.page_size
+
+    def _trace_admissions(self, batch: Batch) -> dict[str, list[int]]:
+        """Before the batch's pages are allocated: trace the requests admitted into it (the
+        cached prefix they start from, their row); the step's uids, tokens and new pages."""
+        size = self.engine.page_size
+        traced: dict[str, list[int]] = {"uids": [], "tokens": [], "pages": []}
+        for req in batch.reqs:
+            pages = pages_for(req.device_len, size) - pages_for(req.cached_len, size)
+            # A first chunk starts where its matched prefix ends; later chunks start beyond.
+            if batch.is_prefill and self.cache.handles[req].cached_len == req.cached_len:
+                trace.instant("admit", uid=req.uid, row=req.table_idx, hit=req.cached_len,
+                              prompt_tokens=len(req.input_ids), pages=pages)
+            traced["uids"].append(req.uid)
+            traced["tokens"].append(req.extend_len)
+            traced["pages"].append(pages)
+        return traced

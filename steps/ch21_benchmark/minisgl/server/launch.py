@@ -1,0 +1,164 @@
+"""`python -m minisgl`: start the processes, serve HTTP (or a shell), stop everything at the end.
+
+Processes: this one (API server), one tokenizer process that also detokenizes (or
+--num-tokenizer tokenizers and a detokenizer), and one scheduler process per TP rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+import uvicorn
+
+from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
+from minisgl.tokenizer import run_tokenizer
+from minisgl.utils import trace
+from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.zmq_queue import ipc_address, new_run_id
+
+from .api_server import create_app
+from .args import ServerArgs, parse_args
+from .frontend import Frontend
+from .shell import run_shell
+
+
+@dataclass
+class Backend:
+    """The child processes and the addresses the API server talks to."""
+
+    processes: list[BaseProcess]
+    tokenizer_inboxes: list[str]
+    frontend: str
+    max_seq_len: int
+    run_id: str
+
+    def dead(self) -> list[str]:
+        """The children that have exited, with their exit codes: once serving, any is fatal."""
+        return [f"{p.name} (exit code {p.exitcode})" for p in self.processes
+                if p.exitcode is not None]
+
+    def stop(self) -> None:
+        stop_processes(self.processes)
+        # A killed child cannot unlink its IPC socket files; nothing else will use them.
+        pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.run_id}-*")
+        for path in glob.glob(pattern):
+            os.unlink(path)
+
+
+def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
+    """Start every child and wait until all have loaded what they need. A child that fails
+    stops the others and raises RuntimeError with its traceback."""
+    run_id = new_run_id()
+    address = lambda name: ipc_address(run_id, name)  # noqa: E731
+    scheduler_inbox, frontend = address("scheduler"), address("frontend")
+    inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
+    detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
+    status = ReadyQueue()
+    backend = Backend([], inboxes, frontend, 0, run_id)
+    names = [f"tokenizer-{i}" for i in range(len(inboxes))]
+    if args.num_tokenizer > 0:
+        inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
+    try:  # everything started so far is stopped if anything (a signal too) interrupts us
+        backend.processes += start_schedulers(args.scheduler, SchedulerAddresses(
+            scheduler_inbox, detokenizer, address("broadcast"), address("acks")), status)
+        for name, inbox in zip(names, inboxes):
+            backend.processes.append(start_process(
+                run_tokenizer, name, status, model_path=args.scheduler.model_path,
+                inbox=inbox, bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
+        infos = wait_ready(backend.processes, status, expected=len(backend.processes),
+                           timeout=startup_timeout)
+    except BaseException:
+        backend.stop()
+        raise
+    backend.max_seq_len = infos["scheduler-rank0"]["max_seq_len"]
+    return backend
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then raises the signal again,
+        # which would kill this process before it stops its children. Return normally instead.
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {s: signal.signal(s, self.handle_exit) for s in signals}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def serve(args: ServerArgs, backend: Backend) -> bool:
+    """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
+    child process dies: then nothing could answer any more, and waiting would hang every
+    client. False in that case."""
+    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
+    server: _Server | None = None
+
+    async def watch() -> None:
+        while server is None or not server.started:
+            await asyncio.sleep(0.05)
+        print(f"minisgl: ready, serving {args.model_name} at http://{args.host}:{args.port}/v1 "
+              f"(max_seq_len {backend.max_seq_len})", flush=True)
+        while not (dead := backend.dead()):
+            await asyncio.sleep(0.5)
+        print(f"minisgl: {', '.join(dead)} exited; shutting down", file=sys.stderr, flush=True)
+        server.should_exit = True
+
+    app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=watch)
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                    access_log=False, timeout_graceful_shutdown=3))
+    server.run()
+    return not backend.dead()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    print(f"minisgl: loading {args.scheduler.model_path} ...", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM acts like Ctrl-C, until uvicorn's
+    if not args.trace:
+        return _run(args)
+    trace.begin(args.trace, "api-server")  # before the children start: they inherit it
+    try:
+        return _run(args)
+    finally:  # the children are gone: their part files are complete
+        print(f"minisgl: {trace.finish(args.trace)} trace events in {args.trace}", flush=True)
+
+
+def _run(args: ServerArgs) -> int:
+    try:
+        backend = start_backend(args)
+    except RuntimeError as e:
+        print(f"minisgl: could not start: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # start_backend has stopped what it started
+        print("minisgl: interrupted while loading", file=sys.stderr)
+        return 130
+    healthy = True
+    try:
+        if args.shell:
+            healthy = run_shell(backend.tokenizer_inboxes, backend.frontend,
+                                backend.max_seq_len, backend.dead)
+        else:
+            healthy = serve(args, backend)
+    except KeyboardInterrupt:
+        pass  # a signal just before uvicorn took over: stop as usual
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):  # stopping the children must not be cut short
+            signal.signal(s, signal.SIG_IGN)
+        backend.stop()
+        print("minisgl: stopped", flush=True)
+    return 0 if healthy else 1

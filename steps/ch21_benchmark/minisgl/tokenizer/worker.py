@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import AutoTokenizer
+
+from minisgl.message import (DetokenizeMsg, ExitMsg, Message, StatsReply, TokenizeMsg, UserMsg,
+                             UserReply, batched, decode, encode, unbatch)
+from minisgl.utils import trace
+from minisgl.utils.process import Reporter
+from minisgl.utils.zmq_queue import PullQueue, PushQueue
+
+from .detokenize import DetokenizeManager
+from .tokenize import TokenizeManager
+
+MAX_DRAIN = 256  # messages handled together at most: one send each way for all of them
+
+
+@dataclass
+class Outgoing:
+    to_scheduler: list[Message]
+    to_frontend: list[Message]
+
+
+class TokenizerWorker:
+    """What a tokenizer process does with the messages it receives:
+
+    - TokenizeMsg (from the API server): the prompt becomes ids, sent to the scheduler as a
+      UserMsg; a prompt that cannot be tokenized is answered at once with an error reply;
+    - DetokenizeMsg (from the scheduler): a new token becomes text for the API server;
+    - StatsReply (from the scheduler) is passed on to the API server;
+    - anything else (an abort, a stats request) is passed on to the scheduler.
+    """
+
+    def __init__(self, model_path: str) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenize = TokenizeManager(tokenizer)
+        self.detokenize = DetokenizeManager(tokenizer)
+
+    def handle(self, messages: list[Message]) -> Outgoing:
+        out = Outgoing([], [])
+        for msg in messages:
+            if isinstance(msg, TokenizeMsg):
+                try:
+                    ids = self.tokenize.tokenize(msg.prompt)
+                except Exception as e:  # an empty prompt, a chat its template rejects: not fatal
+                    out.to_frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
+                    continue
+                out.to_scheduler.append(UserMsg(msg.uid, ids, msg.sampling_params,
+                                                msg.fit_to_context))
+            elif isinstance(msg, DetokenizeMsg):
+                out.to_frontend.append(self.detokenize.detokenize(msg))
+            elif isinstance(msg, StatsReply):
+                out.to_frontend.append(msg)
+            else:
+                out.to_scheduler.append(msg)
+        return out
+
+
+def run_tokenizer(*, model_path: str, inbox: str, bind_inbox: bool, scheduler: str,
+                  frontend: str, status: Reporter) -> None:
+    """A tokenizer process: receive, handle, send, until an ExitMsg arrives.
+
+    With --num-tokenizer 0 there is one such process and it both tokenizes and detokenizes.
+    Otherwise each tokenizer has an inbox of its own (so all messages of a request go through
+    the same one, in order) and one more process only detokenizes.
+    """
+    worker = TokenizerWorker(model_path)
+    receive = PullQueue(inbox, bind=bind_inbox, decode=decode)
+    to_scheduler = PushQueue(scheduler, bind=False, encode=encode)
+    to_frontend = PushQueue(frontend, bind=False, encode=encode)
+    status.ready()
+    while True:
+        messages = unbatch(receive.get())
+        while len(messages) < MAX_DRAIN and (more := receive.get(timeout_ms=0)) is not None:
+            messages += unbatch(more)
+        if any(isinstance(m, ExitMsg) for m in messages):
+            receive.close()  # the socket file goes too, if this process bound it
+            return
+        trace.messages("recv", messages)
+        out = worker.handle(messages)
+        if out.to_scheduler:
+            trace.messages("send", out.to_scheduler)  # before: the receipt cannot come first
+            to_scheduler.put(batched(out.to_scheduler))
+        if out.to_frontend:
+            trace.messages("send", out.to_frontend)
+            to_frontend.put(batched(out.to_frontend))

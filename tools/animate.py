@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""The animation of chapter 0, "一个请求的一生", from a real trace.
+
+    python tools/animate.py record   # a real run: server with --trace, four requests -> trace.json
+    python tools/animate.py data     # trace.json + script.json -> data.js, subtitles.vtt
+    python tools/animate.py video    # + narration (espeak-ng), frames (chromium), video (ffmpeg)
+
+Everything lives in book/assets/request-life/. `record` needs the model (models/), `data`
+only Python, `video` the Debian packages espeak-ng, ffmpeg and chromium plus a CJK font.
+
+Time: the player and the video run on "play time". script.json cuts the trace into scenes,
+each starting at an event it names and lasting `seconds` of play time; inside a scene, trace
+time is stretched linearly onto those seconds. So a 0.3 ms message and a one-second decode
+step can both be watched, and the subtitles (one cue per sentence) follow from the script
+alone: no audio tool is needed to compute or to check them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "book" / "assets" / "request-life"
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
+LANES = {"api-server": "api", "tokenizer-0": "tokenizer", "scheduler-rank0": "scheduler"}
+FRAME_SIZE = (960, 600)
+
+
+# ------------------------------------------------------------------------------ the trace
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float  # seconds since the first event
+    lane: str  # api | tokenizer | scheduler
+    name: str
+    dur: float  # seconds; 0 for an instant
+    args: dict[str, Any]
+
+
+def load_events(trace: dict[str, Any]) -> list[Event]:
+    """The trace's events on the lanes the player draws, in time order, from t = 0."""
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    timed = [e for e in trace["traceEvents"] if e["ph"] in ("i", "X")
+             and names.get(e["pid"]) in LANES]
+    if not timed:
+        raise ValueError("the trace has no events of the api-server, tokenizer-0 and "
+                         "scheduler-rank0 processes")
+    origin = min(e["ts"] for e in timed)
+    events = [Event(round((e["ts"] - origin) / 1e6, 6), LANES[names[e["pid"]]], e["name"],
+                    round(e.get("dur", 0) / 1e6, 6), e.get("args", {})) for e in timed]
+    return sorted(events, key=lambda e: e.t)
+
+
+def find(events: list[Event], selector: dict[str, Any]) -> Event:
+    """The event a scene starts at: {"name": ..., "nth": k, and any args to match}."""
+    nth = selector.get("nth", 0)
+    want = {k: v for k, v in selector.items() if k not in ("name", "nth", "lane")}
+    found = [e for e in events if e.name == selector["name"]
+             and ("lane" not in selector or e.lane == selector["lane"])
+             and all(e.args.get(k) == v for k, v in want.items())]
+    if nth >= len(found):
+        raise ValueError(f"scene anchor {selector}: the trace has {len(found)} such events")
+    return found[nth]
+
+
+# ------------------------------------------------------------------------------ scenes, cues
+
+
+@dataclass(frozen=True)
+class Scene:
+    id: str
+    title: str
+    text: str  # the narration, which is also the subtitle
+    t0: float  # trace time where the scene starts
+    t1: float  # ... and where the next one starts
+    p0: float  # play time where the scene starts
+    p1: float
+
+
+def _value(event: Event, field: str) -> str:
+    if field in ("t", "dur"):
+        return f"{getattr(event, field):.1f}"
+    value = event.args[field]
+    return str(sum(value) if isinstance(value, list) else value)
+
+
+def narration(text: str, marks: dict[str, Event]) -> str:
+    """The text with each {mark.field} replaced by that event's value, so the numbers said
+    are the recorded ones: a field of its args (a list is summed), or t / dur in seconds."""
+    def replace(m: re.Match) -> str:
+        name, field = m.group(1), m.group(2)
+        if name not in marks:
+            raise ValueError(f"{{{name}.{field}}}: no mark named {name!r}")
+        return _value(marks[name], field)
+    return re.sub(r"\{(\w+)\.(\w+)\}", replace, text)
+
+
+def build_scenes(events: list[Event], script: dict[str, Any]) -> list[Scene]:
+    """Scenes with their trace and play intervals. Anchors must follow the trace's order."""
+    end = max(e.t + e.dur for e in events)
+    marks = {name: find(events, selector) for name, selector in script["marks"].items()}
+    starts = [0.0 if s["at"] == "start" else find(events, s["at"]).t for s in script["scenes"]]
+    for a, b, s in zip(starts, starts[1:], script["scenes"][1:]):
+        if b < a:
+            raise ValueError(f"scene {s['id']} starts at {b:.3f} s, before the scene ahead "
+                             f"of it ({a:.3f} s)")
+    scenes, p = [], 0.0
+    for i, s in enumerate(script["scenes"]):
+        t1 = starts[i + 1] if i + 1 < len(starts) else end
+        scenes.append(Scene(s["id"], s["title"], narration(s["text"], marks), starts[i], t1, p,
+                            p + s["seconds"]))
+        p += s["seconds"]
+    return scenes
+
+
+def sentences(text: str) -> list[str]:
+    """The subtitle lines of a narration: its sentences (kept with their punctuation)."""
+    return [s for s in re.findall(r"[^。！？]+[。！？]?", text.strip()) if s.strip()]
+
+
+def cues(scenes: list[Scene]) -> list[tuple[float, float, str]]:
+    """One cue per sentence; a scene's seconds shared by its sentences in proportion to
+    their length (as a reader's voice spends them)."""
+    out = []
+    for s in scenes:
+        parts = sentences(s.text)
+        total, start = sum(len(x) for x in parts), s.p0
+        for x in parts:
+            stop = start + (s.p1 - s.p0) * len(x) / total
+            out.append((round(start, 3), round(stop, 3), x.strip()))
+            start = stop
+    return out
+
+
+def _stamp(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
+def webvtt(scenes: list[Scene]) -> str:
+    lines = ["WEBVTT", ""]
+    for i, (a, b, text) in enumerate(cues(scenes), 1):
+        lines += [str(i), f"{_stamp(a)} --> {_stamp(b)}", text, ""]
+    return "\n".join(lines)
+
+
+def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any],
+                requests: list[dict[str, Any]]) -> str:
+    """data.js: what the player needs, as one global (a file:// page cannot fetch JSON)."""
+    data = {"recorded": script["recorded"], "requests": requests,
+            "scenes": [s.__dict__ for s in scenes], "cues": cues(scenes),
+            "events": [[e.t, e.lane, e.name, e.dur, e.args] for e in events]}
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"// Generated by tools/animate.py data from trace.json and script.json.\n" \
+           f"window.REQUEST_LIFE = {body};\n"
+
+
+def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any],
+                                         list[dict[str, Any]]]:
+    """Events, scenes, the script, and the recorded requests by uid."""
+    script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
+    trace = json.loads((assets / "trace.json").read_text(encoding="utf-8"))
+    events = load_events(trace)
+    requests = sorted(trace["otherData"]["requests"], key=lambda r: r["uid"])
+    return events, build_scenes(events, script), script, requests
+
+
+def write_data(assets: Path = ASSETS) -> list[Scene]:
+    events, scenes, script, requests = load(assets)
+    (assets / "data.js").write_text(player_data(events, scenes, script, requests),
+                                    encoding="utf-8")
+    (assets / "subtitles.vtt").write_text(webvtt(scenes), encoding="utf-8")
+    return scenes
+
+
+# ------------------------------------------------------------------------------ record
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def record(out: Path, script: dict[str, Any]) -> None:
+    """Start a server with --trace, send script["requests"] as clients would, stop it, and
+    keep the trace with which uid each request got (the server numbers them as they come)."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
+             "--trace", str(trace), "--num-pages", "2048", "--max-seq-len", "512",
+             "--max-running-req", "8"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            for line in server.stdout:
+                print(line, end="")
+                if "ready" in line:
+                    break
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            uids = asyncio.run(_clients(url, script["requests"]))
+            time.sleep(0.5)  # the abort's last messages
+        finally:
+            server.send_signal(signal.SIGTERM)
+            print(server.communicate(timeout=60)[0], end="")
+        recorded = json.loads(trace.read_text(encoding="utf-8"))
+    recorded["otherData"] = {"requests": [{**r, "uid": uid}
+                                          for r, uid in zip(script["requests"], uids)]}
+    prefills = [e.args["uids"] for e in load_events(recorded) if e.name == "prefill"]
+    if uids != list(range(len(uids))) or prefills[:2] != [[0], list(range(1, len(uids)))]:
+        raise SystemExit(f"the scenes tell of request 0 prefilled alone while the others "
+                         f"wait, then the others in one batch; this run went otherwise "
+                         f"(uids {uids}, prefill batches {prefills}): run it again")
+    out.write_text(json.dumps(recorded, ensure_ascii=False), encoding="utf-8")
+
+
+async def _clients(url: str, requests: list[dict[str, Any]]) -> list[int]:
+    """The requests as streaming chats, started `delay` seconds apart from one event loop
+    (so they reach the server in this order); the uid each one got."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        tasks = []
+        for r in requests:
+            await asyncio.sleep(r["delay"])
+            tasks.append(asyncio.create_task(_chat(client, url, r)))
+        return list(await asyncio.gather(*tasks))
+
+
+async def _chat(client: Any, url: str, request: dict[str, Any]) -> int:
+    """One streaming chat; with `read_chunks`, hang up after that many chunks."""
+    body = {"model": "m", "messages": [{"role": "user", "content": request["content"]}],
+            "max_tokens": request["max_tokens"], "stream": True, "temperature": 0}
+    text, chunks, uid = "", 0, -1
+    async with client.stream("POST", url, json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            uid = int(chunk["id"].rsplit("-", 1)[1])  # chatcmpl-<uid>
+            text += chunk["choices"][0]["delta"].get("content") or ""
+            chunks += 1
+            if chunks == request.get("read_chunks"):
+                break  # closing the stream: the client is gone
+    print(f"uid {uid}: {request['content']!r} -> {text!r}")
+    return uid
+
+
+# ------------------------------------------------------------------------------ video
+
+VOICE = ["espeak-ng", "-v", "cmn", "-s", "300"]  # Mandarin; espeak's default rate drags
+FPS = 4  # frames per second of play time: messages take 0.6 s to cross, so 2-3 frames each
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--hide-scrollbars"]
+
+
+def _duration(path: Path) -> float:
+    out = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "format=duration",
+                          "-of", "csv=p=0", str(path)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def narrate(scenes: list[Scene], work: Path) -> Path:
+    """One WAV of the whole narration: each scene's speech, padded with silence to the
+    scene's seconds, so the voice starts when its subtitles do."""
+    parts = []
+    for i, s in enumerate(scenes):
+        wav = work / f"scene{i:02d}.wav"
+        subprocess.run([*VOICE, "-w", str(wav), s.text], check=True)
+        spoken, room = _duration(wav), s.p1 - s.p0
+        if spoken > room:
+            raise ValueError(f"scene {s.id}: its narration takes {spoken:.1f} s but the scene "
+                             f"lasts {room:.1f} s; raise its seconds in script.json")
+        parts.append((wav, room))
+    inputs = [arg for wav, _ in parts for arg in ("-i", str(wav))]
+    pads = "".join(f"[{i}:a]apad=whole_dur={room}[a{i}];" for i, (_, room) in enumerate(parts))
+    joined = "".join(f"[a{i}]" for i in range(len(parts)))
+    out = work / "narration.wav"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", *inputs, "-filter_complex",
+                    f"{pads}{joined}concat=n={len(parts)}:v=0:a=1[out]", "-map", "[out]",
+                    str(out)], check=True)
+    return out
+
+
+class _DevTools:
+    """Headless Chromium driven over --remote-debugging-pipe (fds 3 and 4): the DevTools
+    protocol with nothing to install, NUL-terminated JSON each way."""
+
+    def __init__(self, chromium: str, profile: str) -> None:
+        to_child, self._write = os.pipe()
+        self._read, from_child = os.pipe()
+
+        def fds() -> None:  # in the child: its ends as fds 3 and 4, kept across exec
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_child, from_child)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self.process = subprocess.Popen(
+            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--remote-debugging-pipe", "about:blank"], preexec_fn=fds, close_fds=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer, self._id, self.session = b"", 0, None
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params}
+        if self.session and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self._write, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._next()
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def wait_for(self, event: str) -> None:
+        while self._next().get("method") != event:
+            pass
+
+    def _next(self) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            chunk = os.read(self._read, 1 << 20)
+            if not chunk:
+                raise RuntimeError("chromium closed the DevTools pipe")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
+    """Screenshots of the player at FPS frames per play second; how many."""
+    import base64
+
+    total = scenes[-1].p1
+    count = int(total * FPS)
+    with tempfile.TemporaryDirectory() as profile:
+        tools = _DevTools(chromium, profile)
+        try:
+            target = tools.call("Target.createTarget", url="about:blank")["targetId"]
+            tools.session = tools.call("Target.attachToTarget", targetId=target,
+                                       flatten=True)["sessionId"]
+            tools.call("Page.enable")
+            tools.call("Emulation.setDeviceMetricsOverride", width=FRAME_SIZE[0],
+                       height=FRAME_SIZE[1], deviceScaleFactor=1, mobile=False)
+            tools.call("Page.navigate", url=(ASSETS / "index.html").as_uri())
+            tools.wait_for("Page.loadEventFired")
+            for i in range(count):
+                tools.call("Runtime.evaluate", expression=f"showFrame({i / FPS})")
+                shot = tools.call("Page.captureScreenshot", format="png")["data"]
+                (work / f"frame{i:05d}.png").write_bytes(base64.b64decode(shot))
+                if i % (10 * FPS) == 0:
+                    print(f"frame {i}/{count}", flush=True)
+        finally:
+            tools.close()
+    return count
+
+
+def render_video(assets: Path = ASSETS) -> Path:
+    """video.mp4: the frames, the narration and the subtitles (also a soft subtitle track)."""
+    scenes = write_data(assets)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    missing = [t for t in ("espeak-ng", "ffmpeg", "ffprobe") if not shutil.which(t)]
+    if missing or not chromium:
+        raise SystemExit(f"missing {', '.join(missing + ([] if chromium else ['chromium']))}: "
+                         "apt-get install -y espeak-ng ffmpeg chromium fonts-wqy-microhei")
+    out = assets / "video.mp4"
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        audio = narrate(scenes, work)
+        frames(scenes, work, chromium)
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-framerate", str(FPS),
+                        "-i", str(work / "frame%05d.png"), "-i", str(audio),
+                        "-i", str(assets / "subtitles.vtt"),
+                        "-map", "0:v", "-map", "1:a", "-map", "2:s",
+                        "-c:v", "libx264", "-preset", "medium", "-crf", "28", "-tune", "animation",
+                        "-pix_fmt", "yuv420p", "-r", str(FPS),
+                        "-c:a", "aac", "-b:a", "48k", "-ac", "1",
+                        "-c:s", "mov_text", "-metadata:s:s:0", "language=chi",
+                        "-t", f"{scenes[-1].p1:.3f}", "-movflags", "+faststart", str(out)],
+                       check=True)
+    return out
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["record", "data", "video"])
+    args = parser.parse_args()
+    if args.command == "record":
+        script = json.loads((ASSETS / "script.json").read_text(encoding="utf-8"))
+        record(ASSETS / "trace.json", script)
+    elif args.command == "data":
+        scenes = write_data()
+        print(f"{len(scenes)} scenes, {scenes[-1].p1:.1f} s -> {ASSETS}/data.js, subtitles.vtt")
+    else:
+        out = render_video()
+        print(f"{out}: {_duration(out):.1f} s, {out.stat().st_size / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
