@@ -8,6 +8,10 @@ PY     := $(VENV)/bin/python
 # its own triton, so override both on a GPU machine: `make test TORCH=torch TRITON=triton`.
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.9.0
+# Test processes at once (pytest-xdist): one per usable CPU. Each worker runs its own in-process
+# models on CPUs/JOBS threads (tests/conftest.py); the servers and engines the tests start pick
+# their threads as they would alone. JOBS=0 runs the suite in this one process.
+JOBS   ?= auto
 
 .PHONY: check test book serve setup models mutate
 check: setup
@@ -15,7 +19,7 @@ check: setup
 	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup
 
 book: setup
 	$(PY) -m mkdocs build --strict

@@ -16,6 +16,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (make test) several workers share the CPUs: each one's own torch work (the
+# in-process models, most of the suite) gets its share of threads, so that N workers do not run
+# N x cores threads. Not through OMP_NUM_THREADS: engines and servers the tests start choose
+# their threads as they would alone, and tests check that choice.
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
 ROOT = Path(__file__).resolve().parent.parent  # the repository, or a tree built by tools/steps.py
 MODELS_DIR = Path(os.environ.get("MINISGL_MODELS") or ROOT / "models")
 SMOLLM2 = "SmolLM2-135M-Instruct"

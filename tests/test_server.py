@@ -17,6 +17,7 @@ first reply's unit tests run in this process.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -678,14 +680,34 @@ def test_shell_answers_resets_and_exits(small):
     assert "(conversation cleared)" in shell.output
 
 
-def test_shell_ctrl_c_at_the_prompt_exits_at_once():
+def threads_taking(pid: int, sig: int) -> list[int]:
+    """The threads of `pid` other than its main thread that do not block `sig`: the kernel may
+    hand a signal sent to the process to any of them."""
+    found = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
+        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+                      if ":\t" in line)
+        if int(task.name) != pid and not int(status["SigBlk"], 16) >> (sig - 1) & 1:
+            found.append(int(task.name))
+    return found
+
+
+@pytest.mark.parametrize("target", ["process", "another-thread"])
+def test_shell_ctrl_c_at_the_prompt_exits_at_once(target):
     # Nothing typed, stdin left open: the shell waits at its prompt like an idle terminal.
     shell = Process("--model", str(MODEL), "--shell", "--max-seq-len", "128", stdin=True)
     try:
         shell.wait_for("/reset")  # the help line: the backend is up, the prompt comes next
         shell.children = children_of(shell.pid)
         time.sleep(0.5)  # now it is blocked reading stdin
-        code = shell.stop(signal.SIGINT)  # fails if it has not exited within STOP_TIMEOUT
+        if target == "process":
+            code = shell.stop(signal.SIGINT)  # fails if it has not exited within STOP_TIMEOUT
+        else:
+            # A signal sent to the process may land on any thread that does not block it (the
+            # stdin reader, the frontend's listener), while the main thread sleeps in epoll_wait.
+            [*_, thread] = threads_taking(shell.pid, signal.SIGINT)
+            assert ctypes.CDLL(None, use_errno=True).tgkill(shell.pid, thread, signal.SIGINT) == 0
+            code = shell.wait(STOP_TIMEOUT)
     finally:
         if shell.popen.poll() is None:
             shell.stop(signal.SIGKILL)
@@ -727,7 +749,8 @@ def test_busy_port_exits_2_naming_the_port():
     (["--max-seq-len", "-1"], "max_seq_len_override must be >= 1, got -1"),
 ])
 def test_out_of_range_option_exits_2_naming_the_value(args, message):
-    r = run_minisgl("--model", str(MODEL), *args)
+    port = [] if "--port" in args else ["--port", str(free_port())]  # 1919 may be in use
+    r = run_minisgl("--model", str(MODEL), *args, *port)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert "loading" not in r.stdout

@@ -1,12 +1,19 @@
 """tools/steps.py on a small fixture repository: three chapters, trivial mains, no torch."""
 
+import contextlib
+import ctypes
 import importlib.util
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from processes import children_of, wait_all_gone
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -223,7 +230,7 @@ def test_a_missing_book_page_fails(repo: Path, capsys) -> None:
     (repo / "book" / "ch01_b.md").unlink()
     assert steps.check(repo, ["1"]) == 1
     out = capsys.readouterr().out
-    assert "失败：缺少书页 book/ch01_b.md" in out and "输出的最后" not in out  # main itself passed
+    assert "失败：缺少书页 book/ch01_b.md" in out and "失败时的全部输出" not in out  # main passed
 
 
 def test_a_chapter_without_chapter_toml_fails_alone(repo: Path) -> None:
@@ -238,6 +245,59 @@ def test_a_failing_main_shows_its_output_tail(repo: Path, capsys) -> None:
     assert steps.check(repo, ["1"]) == 1
     out = capsys.readouterr().out
     assert "before" in out and "main：退出码 3" in out
+
+
+def test_a_failing_main_shows_all_its_output(repo: Path, capsys) -> None:
+    steps.link(repo)
+    set_main(repo, "ch01_b", "for i in range(100):\n    print('line', i)\nraise SystemExit(3)\n")
+    assert steps.check(repo, ["1"]) == 1
+    out = capsys.readouterr().out
+    assert "ch01_b：失败时的全部输出" in out and "line 0\n" in out and "line 99\n" in out
+
+
+def test_chapters_checked_at_once_report_in_chapter_order(repo: Path, capsys) -> None:
+    steps.link(repo)
+    set_main(repo, "ch00_a", "import time\ntime.sleep(2)\nprint(0)\n")  # likely finishes last
+    set_main(repo, "ch02_c", "raise SystemExit(4)\n")
+    assert steps.check(repo, jobs=3) == 1
+    captured = capsys.readouterr()
+    rows = [line.split()[0] for line in captured.out.splitlines() if line.startswith("ch0")]
+    assert rows == ["ch00_a", "ch01_b", "ch02_c"]
+    assert "ch02_c：失败时的全部输出" in captured.out and "main：退出码 4" in captured.out
+    assert "ch01_b：失败时的全部输出" not in captured.out
+    progress = [line for line in captured.err.splitlines() if line.startswith("[")]
+    # One line as each chapter finishes, in the order they finish, naming it and its result.
+    finished = [re.fullmatch(r"\[(\d)/3\] (\S+) (通过|失败)（\d+ 秒）", line).groups() for line in progress]
+    assert [n for n, _, _ in finished] == ["1", "2", "3"]
+    assert sorted(r for _, *r in finished) == [["ch00_a", "通过"], ["ch01_b", "通过"], ["ch02_c", "失败"]]
+
+
+@pytest.mark.parametrize("target", ["process", "a-worker-thread"])
+def test_ctrl_c_stops_every_chapter_at_once(repo: Path, target: str) -> None:
+    steps.link(repo)
+    for name in ("ch00_a", "ch01_b", "ch02_c"):
+        set_main(repo, name, "import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    checker = subprocess.Popen([sys.executable, str(TOOL), "--root", str(repo),
+                                "check", "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    mains: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(mains := children_of(checker.pid)) < 2:  # two chapters running
+            assert time.monotonic() < deadline and checker.poll() is None
+            time.sleep(0.1)
+        if target == "process":
+            checker.send_signal(signal.SIGINT)
+        else:  # where the kernel may deliver it: a thread that waits for a chapter's program
+            thread = max(int(t.name) for t in Path(f"/proc/{checker.pid}/task").iterdir())
+            assert ctypes.CDLL(None, use_errno=True).tgkill(checker.pid, thread, signal.SIGINT) == 0
+        assert checker.wait(20) != 0
+        assert not wait_all_gone(mains, timeout=5.0), "a chapter's main is still running"
+    finally:
+        checker.kill()
+        checker.wait()
+        for main in mains:  # each in its own session: a failed check leaves none behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(main, signal.SIGKILL)
 
 
 def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:

@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -39,7 +41,6 @@ TOOLS = Path(__file__).resolve().parent
 REPO_ROOT = TOOLS.parent
 CHAPTER_DIR = re.compile(r"ch(\d{2})_\w+")
 PACKAGE = "minisgl"
-TAIL_LINES = 40
 
 
 class StepsError(Exception):
@@ -362,7 +363,7 @@ class Outcome:
     seconds: float = 0.0
     tests: str = ""  # pytest's summary of the chapter's own test modules ("" when it has none)
     error: str = ""  # empty: passed
-    ran_failed: bool = False  # main or the tests failed (so their output tail is worth showing)
+    ran_failed: bool = False  # main or the tests failed (so their output is worth showing)
     stdout: str = ""  # main's stdout
     output: tuple[str, ...] = ()  # stdout and stderr lines of what failed (else of main), interleaved
 
@@ -395,6 +396,11 @@ def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
     return env
 
 
+# The chapters' programs running now, in the pool's threads: on Ctrl-C the main thread kills
+# their sessions, so that their threads return at once.
+_RUNNING: "set[subprocess.Popen]" = set()
+
+
 def _kill_session(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -407,6 +413,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
     """Run cmd, collecting stdout and the interleaved output; rc None means it timed out."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, encoding="utf-8", errors="replace", start_new_session=True)
+    _RUNNING.add(proc)
     stdout: list[str] = []
     combined: list[str] = []
 
@@ -437,6 +444,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
             for t in threads:
                 t.join(10)
         proc.wait()
+        _RUNNING.discard(proc)
     return rc, "".join(stdout), combined
 
 
@@ -574,8 +582,7 @@ def record(root: Path, o: Outcome) -> Path:
     return path
 
 
-def _progress(i: int, total: int, name: str, live: bool) -> None:
-    line = f"[{i}/{total}] {name} …"
+def _progress(line: str, live: bool) -> None:
     if live:
         sys.stderr.write("\r\033[K" + line)
         sys.stderr.flush()
@@ -583,30 +590,80 @@ def _progress(i: int, total: int, name: str, live: bool) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+@contextmanager
+def _ctrl_c_sets() -> Iterator[threading.Event]:
+    """An event that Ctrl-C sets instead of raising KeyboardInterrupt, so that the signal never
+    lands inside the pool's locks (the main thread only, where Python runs signal handlers)."""
+    interrupted = threading.Event()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield interrupted  # Ctrl-C is someone else's business here (or ignored)
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def default_jobs() -> int:
+    """Chapters checked at once: the CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _longest_first(root: Path, selected: list[Chapter]) -> list[Chapter]:
+    """Start order for the pool: chapters with the most test code first (their tests take the
+    longest), so that no long chapter starts last and keeps the run going alone."""
+    size = {ch.n: sum(p.stat().st_size for p in chapter_tests(root, ch.n)) for ch in selected}
+    return sorted(selected, key=lambda ch: -size[ch.n])
+
+
 def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bool = False,
-          timeout: float | None = None) -> int:
-    """The `check` command: run the chosen chapters (all by default); 0 when everything passed."""
+          timeout: float | None = None, jobs: int | None = None) -> int:
+    """The `check` command: run the chosen chapters (all by default), `jobs` at a time (each in
+    its own temporary tree, as alone); 0 when everything passed."""
     selected = [find_chapter(root, s) for s in specs] or chapters(root)
     stale = link_problems(root)
     live = sys.stderr.isatty() and not verbose
-    outcomes = []
-    for i, ch in enumerate(selected, 1):
-        _progress(i, len(selected), ch.name, live)
-        outcomes.append(check_chapter(root, ch, verbose, timeout))
+    # verbose streams each chapter's output as it comes: one chapter at a time keeps it readable.
+    jobs = 1 if verbose else max(1, min(jobs or default_jobs(), len(selected) or 1))
+    outcomes: dict[int, Outcome] = {}
+    with ThreadPoolExecutor(jobs) as pool, _ctrl_c_sets() as interrupted:
+        pending = {pool.submit(check_chapter, root, ch, verbose, timeout)
+                   for ch in _longest_first(root, selected)}
+        try:
+            while pending and not interrupted.is_set():
+                # A timed wait: the main thread comes back to Python often enough to run the
+                # SIGINT handler even when the kernel delivered the signal to a worker thread.
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    o = future.result()
+                    outcomes[o.chapter.n] = o
+                    _progress(f"[{len(outcomes)}/{len(selected)}] {o.chapter.name} "
+                              f"{'通过' if o.passed else '失败'}（{o.seconds:.0f} 秒）", live)
+        finally:
+            if pending:  # Ctrl-C or an error: start nothing more, stop what runs
+                for future in pending:
+                    future.cancel()
+                for proc in list(_RUNNING):
+                    _kill_session(proc)
+    if interrupted.is_set():
+        raise KeyboardInterrupt
     if live:
         sys.stderr.write("\r\033[K")
-    for o in outcomes:
+    ordered = [outcomes[ch.n] for ch in selected]
+    for o in ordered:
         if o.ran_failed and not verbose:
-            print(f"---- {o.chapter.name}: 输出的最后 {TAIL_LINES} 行 ----")
-            print("".join(o.output[-TAIL_LINES:]).rstrip())
+            print(f"---- {o.chapter.name}：失败时的全部输出 ----")
+            print("".join(o.output).rstrip())
         if o.passed and save:
             print(f"已记录 {record(root, o).relative_to(root)}", file=sys.stderr)
     if stale:
         print(f"python/{PACKAGE} 不是所有章节的叠加（运行 python tools/steps.py link 重新生成）：")
         print("\n".join(f"  {p}" for p in stale))
-    if outcomes:
-        print(outcome_table(outcomes))
-    return 1 if stale or not all(o.passed for o in outcomes) else 0
+    if ordered:
+        print(outcome_table(ordered))
+    return 1 if stale or not all(o.passed for o in ordered) else 0
 
 
 # --------------------------------------------------------------------------- command line
@@ -621,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--record", action="store_true", help="save passing runs to book/runs/")
     c.add_argument("-v", "--verbose", action="store_true", help="stream main's output")
     c.add_argument("--timeout", type=float, help="seconds allowed per chapter")
+    c.add_argument("-j", "--jobs", type=int, help="chapters checked at once (default: the usable CPUs)")
     for name, text in [("tree", "annotated file tree of a chapter"), ("diff", "what a chapter changed")]:
         sub.add_parser(name, help=text).add_argument("chapter")
     b = sub.add_parser("build", help="copy a chapter's package, main, tests and example into DIR")
@@ -636,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "exercise":
             return exercises.command(root, args)
         if args.cmd == "check":
-            return check(root, args.chapters, args.record, args.verbose, args.timeout)
+            return check(root, args.chapters, args.record, args.verbose, args.timeout, args.jobs)
         if args.cmd == "link":
             print("\n".join(link(root)) or f"python/{PACKAGE} 已是最新")
         elif args.cmd in ("tree", "diff"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -53,6 +54,11 @@ async def _next_reply(replies: asyncio.Queue, dead: Callable[[], list[str]]) -> 
 async def _chat(frontend: Frontend, max_seq_len: int, dead: Callable[[], list[str]]) -> bool:
     """False if it ended because a child process died."""
     loop = asyncio.get_running_loop()
+    # Ctrl-C cancels this task. asyncio.run's own SIGINT handler is Python code that runs
+    # when the main thread next executes bytecode; a signal the kernel hands to another
+    # thread (stdin's reader, the frontend's listener) would leave the idle loop asleep in
+    # epoll_wait, no timer due. add_signal_handler's wakeup fd wakes it from any thread.
+    loop.add_signal_handler(signal.SIGINT, asyncio.current_task().cancel)
     frontend.start(loop)
     lines: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(target=_read_stdin, args=(loop, lines), name="stdin", daemon=True).start()
@@ -104,7 +110,8 @@ def run_shell(tokenizer_inboxes: list[str], frontend_address: str, max_seq_len: 
     frontend = Frontend(tokenizer_inboxes, frontend_address)
     try:
         return asyncio.run(_chat(frontend, max_seq_len, dead))
-    except KeyboardInterrupt:
+    # Ctrl-C: KeyboardInterrupt before _chat's handler is in place, CancelledError after.
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print()
         return True
     finally:
