@@ -83,6 +83,12 @@ def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
     return backend
 
 
+def http_url(host: str, port: int) -> str:
+    """The server's address as a URL: an IPv6 host goes in brackets (http://[::1]:1919), or
+    its colons would read as the port's."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -107,7 +113,7 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
     async def watch() -> None:
         while server is None or not server.started:
             await asyncio.sleep(0.05)
-        print(f"minisgl: ready, serving {args.model_name} at http://{args.host}:{args.port}/v1 "
+        print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, args.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
         while not (dead := backend.dead()):
             await asyncio.sleep(0.5)
