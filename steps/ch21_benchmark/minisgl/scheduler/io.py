@@ -89,7 +89,8 @@ class SchedulerIO:
         return [m for raw in raws for m in unbatch(decode(raw))]
 
     def send(self, messages: list[Message]) -> None:
-        if self.reply is not None and messages:
+        if self.reply is not None and messages:  # rank 0: the only one whose results go anywhere
+            trace.messages("send", messages)  # before sending: the receipt cannot come first
             self.reply.put(batched(messages))
 
 
@@ -153,8 +154,6 @@ class SchedulerLoop:
         self.seconds["step"] += stepped - received
         # Answered after the step: a request aborted in the batch in flight is freed in it.
         out += [StatsReply(m.uid, self.stats()) for m in stats_requests]
-        if self.io.reply is not None:  # rank 0: the only one whose results go anywhere
-            trace.messages("send", out)  # before sending: the receipt cannot come first
         self.io.send(out)
         self.seconds["send"] += time.perf_counter() - stepped
         return True
