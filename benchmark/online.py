@@ -72,7 +72,6 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -282,21 +281,15 @@ def summarize(results: list[Result], duration: float) -> dict:
 # The server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """`python -m minisgl` as a child in a session (process group) of its own: Ctrl-C in the
     terminal reaches only us, and we stop it in order (SIGTERM lets it stop its own children
     and unlink its sockets); if it does not exit in time, SIGKILL the whole group, so nothing
     is left running whatever happens."""
 
-    def __init__(self, argv: list[str], host: str, port: int, threads: int | None = None,
+    def __init__(self, argv: list[str], threads: int | None = None,
                  engine: Path = ROOT / "python") -> None:
-        self.argv, self.url = argv, f"http://{host}:{port}"
+        self.argv, self.url = argv, ""  # the URL its ready line names (--port 0: any free port)
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self.ready = threading.Event()
         env = dict(os.environ)
@@ -317,7 +310,8 @@ class Server:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:  # read all of it, so the pipe never fills up
             self.lines.append(line.rstrip("\n"))
-            if "minisgl: ready" in line:
+            if "minisgl: ready" in line and (url := re.search(r" at (http://\S+)/v1 ", line)):
+                self.url = url.group(1)
                 self.ready.set()
 
     def tail(self, n: int = 30) -> str:
@@ -825,7 +819,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark a server that is already running (e.g. http://127.0.0.1:1919) "
                         "instead of starting one; the server options below are then ignored")
     g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=None, help="default: a free port")
+    g.add_argument("--port", type=int, default=0, help="default: any free port")
     g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: the server's)")
     g.add_argument("--dtype", default=None, help="default: the server's (float32 on the CPU)")
     g.add_argument("--cache-type", default="radix", help="the server's prefix cache")
@@ -972,12 +966,11 @@ def main(argv: list[str] | None = None) -> int:
             model_name = models["data"][0]["id"]
             measure(args.url.rstrip("/"), None, {})
         for cache in ([] if args.url else cache_types):
-            port = args.port or free_port()
-            argv_ = server_argv(args, cache, port)
+            argv_ = server_argv(args, cache, args.port)
             print(f"  ……启动服务器：{' '.join(shlex.quote(a) for a in argv_[1:])}",
                   file=sys.stderr, flush=True)
             started = time.perf_counter()
-            server = Server(argv_, args.host, port, args.server_threads, args.engine_path)
+            server = Server(argv_, args.server_threads, args.engine_path)
             try:
                 server.wait_ready(args.startup_timeout)
                 print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,

@@ -1,30 +1,26 @@
 """第 15 章示例：起一个 OpenAI 兼容的服务，用官方 openai 客户端流式地问一个问题，再用 Ctrl-C（SIGINT）关掉它。"""
 
+import re
 import signal
-import socket
 import subprocess
 import sys
 
 import openai
 
-# 找一个空闲端口，免得和正在运行的别的服务撞上（默认端口是 1919）
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-
+# --port 0：让系统挑一个空闲端口，免得和正在运行的别的服务撞上（默认端口是 1919）
 server = subprocess.Popen(
     [sys.executable, "-m", "minisgl", "--model", "models/SmolLM2-135M-Instruct",
-     "--port", str(port), "--max-seq-len", "1024"],
+     "--port", "0", "--max-seq-len", "1024"],
     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-for line in server.stdout:  # 模型加载完、uvicorn 开始监听，才会打印 "ready" 这一行
+for line in server.stdout:  # 模型加载完、uvicorn 开始监听，才会打印 "ready" 这一行，里面有地址
     print("[服务]", line.rstrip())
-    if "ready" in line:
+    if ready := re.search(r"ready, .* at (http://\S+) ", line):
         break
 else:
     sys.exit(f"服务没能启动，退出码 {server.wait()}")
 
 try:
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")  # 服务不检查密钥
+    client = openai.OpenAI(base_url=ready.group(1), api_key="none")  # 服务不检查密钥
     stream = client.chat.completions.create(
         model="SmolLM2", temperature=0, max_tokens=48, stream=True,
         stream_options={"include_usage": True},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,13 +32,6 @@ def minisgl_env() -> dict[str, str]:
     the same tree as the test that starts it."""
     path = [str(package_root()), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the package's own helper arrives only in chapter 16)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def children_of(pid: int) -> list[int]:
@@ -136,6 +129,15 @@ class Child:
                 if time.monotonic() > deadline:
                     pytest.fail(f"no {text!r} after {timeout:.0f} s:\n{''.join(self.lines)}")
                 self.changed.wait(0.2)
+
+    def served_url(self) -> str:
+        """The server's base URL, from its ready line. Servers in tests listen on --port 0: a
+        port picked by the test and bound later by the server could be taken in between by
+        any process of the parallel run (an outgoing connection's ephemeral port, too)."""
+        self.wait_for("minisgl: ready")
+        match = re.search(r" at (http://\S+)/v1 ", self.output)
+        assert match, self.output
+        return match.group(1)
 
     def wait(self, timeout: float) -> int:
         """The exit code; SIGKILL and fail if it has not come within `timeout` seconds."""

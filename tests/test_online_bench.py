@@ -7,7 +7,6 @@ import json
 import math
 import os
 import random
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -178,34 +177,32 @@ def test_the_plot_draws_a_report_as_json_holds_it(tmp_path):
 # One real run
 
 
-def processes_mentioning(text: str) -> list[int]:
+def processes_with_environ(entry: str) -> list[int]:
+    """Every process but this one whose environment holds `entry` ("NAME=value")."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if text in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                found.append(int(cmdline.parent.name))
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
         except OSError:
             continue
     return [pid for pid in found if pid != os.getpid()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, capsys):
-    port = free_port()
+def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, capsys,
+                                                                  monkeypatch):
+    # The server and its children inherit this mark; no other test's processes have it.
+    mark = f"MINISGL_TEST_RUN={tmp_path.name}-{os.getpid()}"
+    monkeypatch.setenv(*mark.split("=", 1))
     out = tmp_path / "online.json"
     code = online.main(["--model", str(TINY), "--num-requests", "5", "--rates", "20",
-                        "--input-len", "32", "--output-len", "8", "--port", str(port),
+                        "--input-len", "32", "--output-len", "8",
                         "--device", "cpu", "--json", str(out),
                         "--plot", str(tmp_path / "online.png")])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert (tmp_path / "online.png").read_bytes().startswith(b"\x89PNG")
-    assert not processes_mentioning(f"--port {port} "), "the server is still running"
+    assert not processes_with_environ(mark), "the server is still running"
     assert "速率 20/s" in printed and "TTFT" in printed
     report = json.loads(out.read_text(encoding="utf-8"))
     [run] = report["runs"]
@@ -242,7 +239,7 @@ def test_each_client_reads_chat_streams_to_the_exact_length(tmp_path, capsys, cl
     out = tmp_path / "online.json"
     code = online.main(["--model", str(TINY), "--workload", "shared-prefix", "--num-users", "2",
                         "--turns", "2", "--system-len", "16", "--turn-len", "4",
-                        "--output-len", "6", "--rates", "inf", "--port", str(free_port()),
+                        "--output-len", "6", "--rates", "inf",
                         "--device", "cpu", "--client", client, "--json", str(out)])
     assert code == 0, capsys.readouterr().out
     [run] = json.loads(out.read_text(encoding="utf-8"))["runs"]

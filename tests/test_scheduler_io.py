@@ -18,7 +18,6 @@ import torch
 import zmq
 
 from conftest import MODELS_DIR, TINY_QWEN3
-from processes import free_port
 from minisgl.core import Req, SamplingParams, set_global_ctx
 from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, StatsMsg, StatsReply,
                              UserMsg, decode, encode, unbatch)
@@ -405,20 +404,17 @@ class ProcessRun:
     socket_files_left: list = field(default_factory=list)  # the ranks' own, after they exit
 
 
-def rank_args(rank: int, world_size: int = 2) -> dict:
+def rank_args(rank: int, run_id: str, world_size: int = 2) -> dict:
     """run_scheduler's arguments that place a rank. Chapter 14 passes the place as arguments
     (every rank a full replica); chapter 16 moves it into the config, where the ranks also form
     a process group and each loads its shard. This module runs on both trees."""
     cfg = config(overlap=True, **PROCESS_CONFIG)
     if "rank" in inspect.signature(run_scheduler).parameters:
         return dict(config=cfg, rank=rank, world_size=world_size)
-    global _dist_init_address
-    _dist_init_address = _dist_init_address or f"tcp://127.0.0.1:{free_port()}"
+    # The ranks meet in a file of this run, as chapter 16's launcher has them do.
+    rendezvous = "file://" + ipc_address(run_id, "rendezvous").removeprefix("ipc://")
     return dict(config=replace(cfg, tp_rank=rank, tp_size=world_size,
-                               dist_init_address=_dist_init_address))
-
-
-_dist_init_address = ""  # one address for all ranks of the module's process run
+                               dist_init_address=rendezvous))
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +429,7 @@ def process_run() -> Iterator[ProcessRun]:
     # Rank 1 gets a reply address too, so its results can be compared with rank 0's.
     status = ReadyQueue()
     processes = [start_process(run_scheduler, f"scheduler-rank{rank}", status, inbox=inbox,
-                               broadcast=broadcast, acks=acks, reply=out, **rank_args(rank))
+                               broadcast=broadcast, acks=acks, reply=out, **rank_args(rank, run_id))
                  for rank, out in enumerate(outs)]
     tokenizer = PushQueue(inbox, bind=False, encode=encode)
     try:

@@ -33,7 +33,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from processes import ROOT, Child, children_of, free_port, minisgl_env, wait_all_gone
+from processes import ROOT, Child, children_of, minisgl_env, wait_all_gone
 
 CHAPTER = 15  # tools/steps.py check runs this module on chapter 15's own tree
 
@@ -62,15 +62,13 @@ class Server(Process):
     """A server that is up: `ready` printed, its children recorded."""
 
     def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        super().__init__("--model", str(MODEL), "--port", str(self.port), *args)
+        super().__init__("--model", str(MODEL), "--port", "0", *args)
         try:
-            self.wait_for("minisgl: ready")
+            self.url = self.served_url()
         except BaseException:
             self.stop(signal.SIGKILL)
             raise
         self.children = children_of(self.pid)
-        self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=120)
         self.openai = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
 
@@ -744,12 +742,12 @@ def test_busy_port_exits_2_naming_the_port():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--port", "70000"], "--port must be between 1 and 65535, got 70000"),
+    (["--port", "70000"], "--port must be between 0 and 65535, got 70000"),
     (["--num-pages", "0"], "num_page_override must be >= 1, got 0"),
     (["--max-seq-len", "-1"], "max_seq_len_override must be >= 1, got -1"),
 ])
 def test_out_of_range_option_exits_2_naming_the_value(args, message):
-    port = [] if "--port" in args else ["--port", str(free_port())]  # 1919 may be in use
+    port = [] if "--port" in args else ["--port", "0"]  # 1919 may be in use
     r = run_minisgl("--model", str(MODEL), *args, *port)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
@@ -791,19 +789,17 @@ def test_the_url_of_an_ipv6_host_has_brackets():
 
 
 def test_the_ready_line_of_an_ipv6_server_is_a_url_that_answers():
+    """--port 0 too: the line names the port the system chose, not 0."""
     with socket.socket(socket.AF_INET6) as s:
         try:
             s.bind(("::1", 0))
         except OSError:
             pytest.skip("no IPv6 loopback here")
-        port = s.getsockname()[1]
-    proc = Process("--model", str(MODEL), "--host", "::1", "--port", str(port),
-                   "--max-seq-len", "128")
+    proc = Process("--model", str(MODEL), "--host", "::1", "--port", "0", "--max-seq-len", "128")
     try:
-        proc.wait_for("minisgl: ready")
+        url = proc.served_url()
         children = children_of(proc.pid)
-        url = f"http://[::1]:{port}"
-        assert f"at {url}/v1 " in proc.output, proc.output
+        assert url.startswith("http://[::1]:") and not url.endswith(":0"), proc.output
         assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
     finally:
         code = proc.stop()
@@ -813,7 +809,7 @@ def test_the_ready_line_of_an_ipv6_server_is_a_url_that_answers():
 
 def test_a_host_that_cannot_be_listened_on_is_not_called_a_busy_port(capsys):
     # 203.0.113.1 is a documentation address (RFC 5737): no interface here has it.
-    err = parse_error(capsys, "--host", "203.0.113.1", "--port", str(free_port()))
+    err = parse_error(capsys, "--host", "203.0.113.1", "--port", "0")
     assert "cannot listen on 203.0.113.1" in err and "in use" not in err
     err = parse_error(capsys, "--host", "no-such-host.invalid")
     assert "--host no-such-host.invalid:" in err and "in use" not in err
@@ -854,7 +850,7 @@ def test_children_exit_on_their_own_when_the_server_is_killed():
 
 
 def test_sigterm_while_loading_stops_cleanly():
-    proc = Process("--model", str(MODEL), "--port", str(free_port()))
+    proc = Process("--model", str(MODEL), "--port", "0")
     try:
         proc.wait_for("minisgl: loading")
         deadline = time.monotonic() + 60

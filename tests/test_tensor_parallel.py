@@ -40,7 +40,8 @@ from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_i
                                  init_distributed, set_tp_info)
 from minisgl.layers import Embedding, LMHead, vocab_shard
 from minisgl.utils import configure_cpu_threads
-from minisgl.utils.process import free_tcp_port
+from minisgl.utils.process import rendezvous_address
+from minisgl.utils.zmq_queue import new_run_id
 from processes import (START_TIMEOUT, Child, children_of, minisgl_env, spawned_children,
                        wait_all_gone)
 
@@ -421,7 +422,7 @@ def _engine_worker(rank: int, size: int, address: str, out: str) -> None:
 def spawn_group(worker, size: int, out: Path) -> list[dict]:
     import torch.multiprocessing as tmp
 
-    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    address = rendezvous_address(new_run_id())
     tmp.start_processes(worker, args=(size, address, str(out)), nprocs=size, join=True,
                         start_method="spawn")
     return [torch.load(out / f"rank{r}.pt") for r in range(size)]
@@ -564,7 +565,7 @@ def test_divisible_head_counts_pass_the_check():
 def test_server_refuses_indivisible_tp_before_loading():
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / SMOLLM2),
-                           "--tp", "2", "--port", str(free_tcp_port())],
+                           "--tp", "2", "--port", "0"],
                           cwd=ROOT, env=minisgl_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "the number of query heads (9) is not divisible by the TP size 2" in done.stderr
@@ -589,7 +590,7 @@ def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
     model = str(MODELS_DIR / TINY_QWEN3)
     argv = ([sys.executable, "-c", LLM_DRIVER, model] if launcher == "llm" else
             [sys.executable, "-m", "minisgl", "--model", model, "--tp", "2", "--num-pages", "512",
-             "--port", str(free_tcp_port())])
+             "--port", "0"])
     child = Child(argv)
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -635,10 +636,9 @@ def test_a_rank_dying_while_serving_is_reported_and_nothing_is_left(launcher):
     """The other ranks would wait for it in their next all-reduce, forever: the launcher must
     notice the dead process itself, say which one, and stop."""
     model = str(MODELS_DIR / TINY_QWEN3)
-    port = free_tcp_port()
     argv = ([sys.executable, "-c", LLM_SERVING_DRIVER, model] if launcher == "llm" else
             [sys.executable, "-m", "minisgl", "--model", model, "--tp", "2", "--num-pages", "512",
-             "--port", str(port)])
+             "--port", "0"])
     child = Child(argv)
     try:
         child.wait_for("LLM started" if launcher == "llm" else "minisgl: ready")
@@ -693,17 +693,16 @@ def server_tp2():
     """`python -m minisgl --tp 2` on tiny-qwen3, up; the last test that uses it stops it."""
     import httpx
 
-    port = free_tcp_port()
     child = Child([sys.executable, "-m", "minisgl", "--model", str(MODELS_DIR / TINY_QWEN3),
-                   "--tp", "2", "--port", str(port), "--num-pages", "512", "--max-seq-len", "128"])
+                   "--tp", "2", "--port", "0", "--num-pages", "512", "--max-seq-len", "128"])
     try:
-        child.wait_for("minisgl: ready")
+        url = child.served_url()
     except BaseException:
         child.popen.kill()
         child.popen.wait()
         raise
     child.children = children_of(child.popen.pid)
-    child.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+    child.http = httpx.Client(base_url=url, timeout=120)
     yield child
     child.http.close()
     if child.popen.poll() is None:  # the SIGTERM test was not selected: stop it the same way
@@ -784,7 +783,7 @@ def reopened2(tmp_path_factory) -> list[dict]:
     import torch.multiprocessing as tmp
 
     out = tmp_path_factory.mktemp("reopened2")
-    addresses = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
+    addresses = [rendezvous_address(new_run_id()) for _ in range(3)]
     tmp.start_processes(_reopen_worker, args=(2, addresses, str(out)), nprocs=2, join=True,
                         start_method="spawn")
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]

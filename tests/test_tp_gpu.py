@@ -11,7 +11,8 @@ from minisgl.distributed import (TorchDistributed, TPInfo, destroy_distributed, 
                                  init_distributed)
 from minisgl.llm import LLM
 from gpu_helpers import require_weights
-from minisgl.utils.process import free_tcp_port
+from minisgl.utils.process import rendezvous_address
+from minisgl.utils.zmq_queue import new_run_id
 from processes import Child
 
 CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
@@ -31,7 +32,7 @@ def _tokens(llm: LLM) -> list[list[int]]:
 
 def test_nccl_collectives_at_world_size_one():
     device = torch.device("cuda", 0)
-    comm = init_distributed(TPInfo(0, 1), device, f"tcp://127.0.0.1:{free_tcp_port()}")
+    comm = init_distributed(TPInfo(0, 1), device, rendezvous_address(new_run_id()))
     try:
         assert isinstance(comm, TorchDistributed) and get_comm() is comm
         assert torch.distributed.get_backend() == "nccl"
@@ -48,7 +49,7 @@ def test_nccl_collectives_at_world_size_one():
 def test_nccl_world_size_one_generates_the_same_tokens(model, request):
     path = str(require_weights(request.getfixturevalue(model)))
     plain = _tokens(LLM(path, device="cuda", **ARGS))
-    nccl = _tokens(LLM(path, device="cuda", dist_init_address=f"tcp://127.0.0.1:{free_tcp_port()}",
+    nccl = _tokens(LLM(path, device="cuda", dist_init_address=rendezvous_address(new_run_id()),
                        **ARGS))
     assert nccl == plain
 
@@ -76,13 +77,11 @@ def test_server_with_tp2_on_two_gpus_answers_as_tp1(tiny_qwen3_path):
             PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))]
     finally:
         llm.shutdown()
-    port = free_tcp_port()
     server = Child([sys.executable, "-m", "minisgl", "--model", str(tiny_qwen3_path),
-                    "--tp", "2", "--device", "cuda", "--dtype", "float32", "--port", str(port),
+                    "--tp", "2", "--device", "cuda", "--dtype", "float32", "--port", "0",
                     "--max-running-req", "4", "--num-pages", "512", "--max-seq-len", "256"])
     try:
-        server.wait_for("minisgl: ready")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        with httpx.Client(base_url=server.served_url(), timeout=120) as http:
             for prompt, text in zip(PROMPTS, expected):
                 r = http.post("/v1/completions", json={
                     "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True})

@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 import httpx
 import pytest
 
-from processes import ROOT, Child, free_port
+from processes import ROOT, Child
 
 CHAPTER = 21  # tools/steps.py check runs this module on chapter 21's own tree
 
@@ -61,13 +61,12 @@ def _chat(url: str, content: str, max_tokens: int, hang_up_after: int | None = N
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("trace") / "run.json"
-    port = free_port()
-    server = Child([sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
+    server = Child([sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", "0",
                     "--trace", str(path), "--num-pages", "1024", "--max-seq-len", "256",
                     "--max-running-req", "8"])
     try:
-        server.wait_for("minisgl: ready")
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        base = server.served_url()
+        url = f"{base}/v1/chat/completions"
         # The first request alone, so that its prompt is in the prefix cache when the others
         # arrive together: they share its system prompt.
         first_token = threading.Event()
@@ -84,7 +83,7 @@ def trace(tmp_path_factory) -> dict:
             c.join()
         # The abort crosses two processes; a finished request shows in /stats as not running.
         for _ in range(100):
-            if httpx.get(f"http://127.0.0.1:{port}/stats").json()["running"] == 0:
+            if httpx.get(f"{base}/stats").json()["running"] == 0:
                 break
             threading.Event().wait(0.1)
     finally:

@@ -25,12 +25,10 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,30 +192,25 @@ def write_data(assets: Path = ASSETS) -> list[Scene]:
 # ------------------------------------------------------------------------------ record
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def record(out: Path, script: dict[str, Any]) -> None:
     """Start a server with --trace, send script["requests"] as clients would, stop it, and
     keep the trace with which uid each request got (the server numbers them as they come)."""
-    port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         server = subprocess.Popen(
-            [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
+            [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", "0",
              "--trace", str(trace), "--num-pages", "2048", "--max-seq-len", "512",
              "--max-running-req", "8"], env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
-            for line in server.stdout:
+            for line in server.stdout:  # "minisgl: ready, serving ... at http://HOST:PORT/v1 ..."
                 print(line, end="")
-                if "ready" in line:
+                if ready := re.search(r"minisgl: ready, .* at (http://\S+)/v1 ", line):
                     break
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            else:
+                raise SystemExit(f"the server exited ({server.wait()}) before it was ready")
+            url = f"{ready.group(1)}/v1/chat/completions"
             uids = asyncio.run(_clients(url, script["requests"]))
             time.sleep(0.5)  # the abort's last messages
         finally:

@@ -8,8 +8,8 @@
 五、SIGTERM（Ctrl-C 同理）之后服务和所有子进程都退出。
 """
 
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,25 +29,17 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
 MAX_TOKENS = 24
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
+def start_server() -> tuple[subprocess.Popen, str]:
+    """The server on any free port (--port 0), and its base URL from the ready line."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", str(port),
+        [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", "0",
          "--max-running-req", "8", "--max-seq-len", "1024", "--dtype", "float32"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    for line in server.stdout:  # the launcher prints "ready" once the model is loaded
+    for line in server.stdout:  # "minisgl: ready, serving ... at http://HOST:PORT/v1 ..."
         print(f"  [server] {line.rstrip()}")
-        if "ready" in line or time.monotonic() > deadline:
-            break
-    if server.poll() is not None:
-        raise RuntimeError(f"the server exited with code {server.returncode}")
-    return server
+        if ready := re.search(r"minisgl: ready, .* at (http://\S+)/v1 ", line):
+            return server, ready.group(1)
+    raise RuntimeError(f"the server exited with code {server.wait()} before it was ready")
 
 
 def children_of(pid: int) -> list[int]:
@@ -81,10 +73,8 @@ def ask(client: openai.OpenAI, question: str) -> tuple[str, int]:
 
 
 def main() -> int:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    print(f"启动 python -m minisgl（端口 {port}）：")
-    server = start_server(port)
+    print("启动 python -m minisgl（--port 0：系统挑一个空闲端口）：")
+    server, base = start_server()
     children = children_of(server.pid)
     ok = True
     try:

@@ -98,6 +98,11 @@ class _Server(uvicorn.Server):
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    @property
+    def port(self) -> int:
+        """The port it listens on: the one asked for, or the free one --port 0 was given."""
+        return self.servers[0].sockets[0].getsockname()[1]
+
 
 def serve(args: ServerArgs, backend: Backend) -> None:
     """HTTP until SIGINT/SIGTERM; uvicorn handles both and shuts down gracefully."""
@@ -107,7 +112,7 @@ def serve(args: ServerArgs, backend: Backend) -> None:
     async def announce() -> None:
         while server is None or not server.started:
             await asyncio.sleep(0.05)
-        print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, args.port)}/v1 "
+        print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, server.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
 
     app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=announce)

@@ -14,7 +14,7 @@ from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, en
 from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
-from minisgl.utils.process import ReadyQueue, stop_processes, wait_ready
+from minisgl.utils.process import ReadyQueue, rendezvous_address, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 
@@ -60,7 +60,7 @@ class RankProcesses:
     def start(cls, config: SchedulerConfig) -> RankProcesses:
         run_id = new_run_id()
         addresses = SchedulerAddresses(*(ipc_address(run_id, name) for name in (
-            "scheduler", "results", "broadcast", "acks")))
+            "scheduler", "results", "broadcast", "acks")), rendezvous_address(run_id))
         from_rank0 = PullQueue(addresses.reply, bind=True, decode=decode)
         status = ReadyQueue()
         processes: list[BaseProcess] = []

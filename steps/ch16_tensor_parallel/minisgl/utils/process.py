@@ -11,7 +11,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -114,11 +114,11 @@ def wait_ready(processes: list[BaseProcess], status: ReadyQueue, expected: int,
     return infos
 
 
-def free_tcp_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on now (for the TP ranks' rendezvous)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def rendezvous_address(run_id: str) -> str:
+    """Where the TP ranks of one run meet to build their process group: a file of this run
+    (torch's FileStore). A TCP port picked in advance could be taken by anyone before rank 0
+    binds it; this name is ours alone. The last rank to leave the group removes the file."""
+    return f"file://{os.path.join(tempfile.gettempdir(), f'minisgl-{run_id}-rendezvous')}"
 
 
 def stop_processes(processes: list[BaseProcess], timeout: float = 5.0) -> None:

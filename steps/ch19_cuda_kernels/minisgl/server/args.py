@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory of a Hugging Face checkpoint (config.json, safetensors, "
                         "tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=1919, help="port to listen on")
+    p.add_argument("--port", type=int, default=1919,
+                   help="port to listen on (0: any free one, named in the ready line)")
     p.add_argument("--shell", action="store_true",
                    help="chat in this terminal instead of serving HTTP (/reset clears the "
                         "history, /exit quits)")
@@ -112,8 +113,8 @@ def parse_args(argv: list[str]) -> ServerArgs:
         parser.error(f"--tp must be >= 1, got {a.tp}")
     if a.num_tokenizer < 0:
         parser.error(f"--num-tokenizer must be >= 0, got {a.num_tokenizer}")
-    if not 1 <= a.port <= 65535:
-        parser.error(f"--port must be between 1 and 65535, got {a.port}")
+    if not 0 <= a.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, got {a.port}")
     if not a.shell and (problem := _cannot_listen(a.host, a.port)):
         parser.error(problem)
     try:

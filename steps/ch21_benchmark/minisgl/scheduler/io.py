@@ -18,8 +18,7 @@ import msgpack
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                              UserMsg, batched, decode, encode, unbatch)
 from minisgl.utils import trace
-from minisgl.utils.process import (ReadyQueue, Reporter, free_tcp_port, start_process,
-                                   stop_processes)
+from minisgl.utils.process import ReadyQueue, Reporter, start_process, stop_processes
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
 
 from .config import SchedulerConfig
@@ -186,13 +185,14 @@ class SchedulerAddresses:
     reply: str  # where rank 0 sends its results
     broadcast: str  # rank 0 -> the other ranks
     acks: str  # the other ranks -> rank 0, once, at start-up
+    rendezvous: str  # where the TP ranks build their process group (rendezvous_address)
 
 
 def start_schedulers(config: SchedulerConfig, addresses: SchedulerAddresses,
                      status: ReadyQueue) -> list[BaseProcess]:
     """One scheduler process per TP rank, named scheduler-rank0, -rank1, ... Each reports on
     `status`; only rank 0 replies."""
-    init = f"tcp://127.0.0.1:{free_tcp_port()}" if config.tp_size > 1 else None
+    init = addresses.rendezvous if config.tp_size > 1 else None
     processes: list[BaseProcess] = []
     try:
         for rank in range(config.tp_size):

@@ -22,7 +22,8 @@ import uvicorn
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.tokenizer import run_tokenizer
 from minisgl.utils import trace
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.process import (ReadyQueue, rendezvous_address, start_process,
+                                   stop_processes, wait_ready)
 from minisgl.utils.zmq_queue import ipc_address, new_run_id
 
 from .api_server import create_app
@@ -69,7 +70,8 @@ def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
         inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
     try:  # everything started so far is stopped if anything (a signal too) interrupts us
         backend.processes += start_schedulers(args.scheduler, SchedulerAddresses(
-            scheduler_inbox, detokenizer, address("broadcast"), address("acks")), status)
+            scheduler_inbox, detokenizer, address("broadcast"), address("acks"),
+            rendezvous_address(run_id)), status)
         for name, inbox in zip(names, inboxes):
             backend.processes.append(start_process(
                 run_tokenizer, name, status, model_path=args.scheduler.model_path,
@@ -102,6 +104,11 @@ class _Server(uvicorn.Server):
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    @property
+    def port(self) -> int:
+        """The port it listens on: the one asked for, or the free one --port 0 was given."""
+        return self.servers[0].sockets[0].getsockname()[1]
+
 
 def serve(args: ServerArgs, backend: Backend) -> bool:
     """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
@@ -113,7 +120,7 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
     async def watch() -> None:
         while server is None or not server.started:
             await asyncio.sleep(0.05)
-        print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, args.port)}/v1 "
+        print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, server.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
         while not (dead := backend.dead()):
             await asyncio.sleep(0.5)
