@@ -8,7 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
+
+# Under pytest-xdist (make test) several workers share the CPUs, and so do the servers, ranks
+# and examples they start. A waiting OpenMP thread spins on its core by default; with more
+# threads than cores the spinning ones take the cores from those with work, and every parallel
+# region waits for a thread that is not running: two of chapter 18's test runs side by side on
+# 2 cores took 7x as long as one alone, not 2x. So waiting threads sleep instead (children
+# inherit it). libgomp reads the policy once, when torch loads it: before the import below.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Chapter 20: without CUDA, Triton kernels run only in Triton's interpreter, and Triton makes
 # that choice once, when triton.language is first imported -- by whichever module imports it

@@ -627,6 +627,10 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
     live = sys.stderr.isatty() and not verbose
     # verbose streams each chapter's output as it comes: one chapter at a time keeps it readable.
     jobs = 1 if verbose else max(1, min(jobs or default_jobs(), len(selected) or 1))
+    if jobs > 1:
+        # Chapters share the CPUs: OpenMP threads that wait must sleep, not spin on a core
+        # another chapter's threads need (tests/conftest.py says what spinning costs).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     outcomes: dict[int, Outcome] = {}
     with ThreadPoolExecutor(jobs) as pool, _ctrl_c_sets() as interrupted:
         pending = {pool.submit(check_chapter, root, ch, verbose, timeout)
