@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -298,6 +299,38 @@ def test_ctrl_c_stops_every_chapter_at_once(repo: Path, target: str) -> None:
         for main in mains:  # each in its own session: a failed check leaves none behind
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(main, signal.SIGKILL)
+
+
+def test_a_program_still_starting_when_ctrl_c_stops_all_is_stopped_too(monkeypatch,
+                                                                       tmp_path: Path) -> None:
+    """The race behind a Ctrl-C that once left `check` waiting (the test above, on a busy
+    machine): a chapter's program is already a child, so the test sends SIGINT, but its thread
+    is still inside Popen and has not registered it for the kill."""
+    started = threading.Event()
+
+    class SlowToReturn(subprocess.Popen):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.set()
+            time.sleep(1.0)  # the child runs; Popen has not returned to _run yet
+
+    monkeypatch.setattr(subprocess, "Popen", SlowToReturn)
+    steps._STOPPED.clear()
+    result: list = []
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runner = threading.Thread(target=lambda: result.append(
+        steps._run(sleeper, tmp_path, dict(os.environ), False, None)))
+    runner.start()
+    try:
+        assert started.wait(30)
+        steps._stop_all()
+        runner.join(15)
+        assert not runner.is_alive(), "the program escaped the stop"
+        assert result[0][0] == -signal.SIGKILL
+        # After the stop nothing starts any more.
+        assert steps._run(sleeper, tmp_path, dict(os.environ), False, None) == (None, "", [])
+    finally:
+        steps._STOPPED.clear()
 
 
 def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:

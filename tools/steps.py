@@ -399,6 +399,11 @@ def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
 # The chapters' programs running now, in the pool's threads: on Ctrl-C the main thread kills
 # their sessions, so that their threads return at once.
 _RUNNING: "set[subprocess.Popen]" = set()
+# Held while a program starts and is registered, and while Ctrl-C stops them all: a program
+# visible as a child but not registered yet (its thread still inside Popen) would escape the
+# kill and keep the pool waiting. After a stop, nothing starts any more.
+_STARTING = threading.Lock()
+_STOPPED = threading.Event()
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -408,12 +413,23 @@ def _kill_session(proc: subprocess.Popen) -> None:
         pass
 
 
+def _stop_all() -> None:
+    with _STARTING:
+        _STOPPED.set()
+        for proc in list(_RUNNING):
+            _kill_session(proc)
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
          timeout: float | None) -> tuple[int | None, str, list[str]]:
     """Run cmd, collecting stdout and the interleaved output; rc None means it timed out."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, encoding="utf-8", errors="replace", start_new_session=True)
-    _RUNNING.add(proc)
+    with _STARTING:
+        if _STOPPED.is_set():
+            return None, "", []
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, encoding="utf-8",
+                                errors="replace", start_new_session=True)
+        _RUNNING.add(proc)
     stdout: list[str] = []
     combined: list[str] = []
 
@@ -632,6 +648,7 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
         # another chapter's threads need (tests/conftest.py says what spinning costs).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     outcomes: dict[int, Outcome] = {}
+    _STOPPED.clear()
     with ThreadPoolExecutor(jobs) as pool, _ctrl_c_sets() as interrupted:
         pending = {pool.submit(check_chapter, root, ch, verbose, timeout)
                    for ch in _longest_first(root, selected)}
@@ -649,8 +666,7 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
             if pending:  # Ctrl-C or an error: start nothing more, stop what runs
                 for future in pending:
                     future.cancel()
-                for proc in list(_RUNNING):
-                    _kill_session(proc)
+                _stop_all()
     if interrupted.is_set():
         raise KeyboardInterrupt
     if live:
