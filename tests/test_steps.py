@@ -340,6 +340,18 @@ def test_a_program_still_starting_when_ctrl_c_stops_all_is_stopped_too(monkeypat
         steps._STOPPED.clear()
 
 
+def test_chapters_checked_side_by_side_let_waiting_threads_sleep(monkeypatch,
+                                                                 tmp_path: Path) -> None:
+    """Only the chapters' programs get the policy, and only when they share the CPUs; the
+    checker's own environment is left as it was, and a policy the user chose wins."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    env = lambda shared: steps._guarded_env(tmp_path, tmp_path, tmp_path / "log", shared)  # noqa: E731
+    assert env(True)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in env(False) and "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert env(True)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_record_saves_stdout_after_a_machine_header(repo: Path) -> None:
     steps.link(repo)
     set_main(repo, "ch01_b", "import sys\nprint('out')\nprint('err', file=sys.stderr)\n")

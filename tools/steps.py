@@ -388,8 +388,12 @@ def static_problems(root: Path, ch: Chapter) -> list[str]:
     return problems
 
 
-def _guarded_env(tree: Path, boot: Path, log: Path) -> dict[str, str]:
+def _guarded_env(tree: Path, boot: Path, log: Path, shared_cpus: bool) -> dict[str, str]:
     env = dict(os.environ)
+    if shared_cpus:
+        # Chapters run side by side: OpenMP threads that wait must sleep, not spin on a core
+        # another chapter's threads need (tests/conftest.py says what spinning costs).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     paths = [str(tree), str(boot)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env.update(PYTHONPATH=os.pathsep.join(paths), MINISGL_STEP_TREE=str(tree), MINISGL_STEP_LOG=str(log),
                PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
@@ -492,7 +496,8 @@ def _violations(log: Path) -> list[str]:
     return problems
 
 
-def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float | None = None) -> Outcome:
+def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float | None = None,
+                  shared_cpus: bool = False) -> Outcome:
     """Build chapter ch in a temporary directory and run, with the isolation guard on, its main
     and then its own test modules there (so both see only the chapter's tree)."""
     kinds = list(touched(root, ch).values())
@@ -515,7 +520,8 @@ def check_chapter(root: Path, ch: Chapter, verbose: bool = False, timeout: float
         for i, stage in enumerate(stages):
             log = Path(tmp, f"violations-{i}.log")
             cmd = [sys.executable, str(boot / "run_main.py"), str(tree), *stage.args]
-            rc, stdout, lines = _run(cmd, tree, _guarded_env(tree, boot, log), verbose, timeout)
+            rc, stdout, lines = _run(cmd, tree, _guarded_env(tree, boot, log, shared_cpus), verbose,
+                                      timeout)
             failed = _violations(log)
             if rc is None:
                 failed.append(f"超时（{timeout:g} 秒）")
@@ -643,14 +649,10 @@ def check(root: Path, specs: Sequence[str] = (), save: bool = False, verbose: bo
     live = sys.stderr.isatty() and not verbose
     # verbose streams each chapter's output as it comes: one chapter at a time keeps it readable.
     jobs = 1 if verbose else max(1, min(jobs or default_jobs(), len(selected) or 1))
-    if jobs > 1:
-        # Chapters share the CPUs: OpenMP threads that wait must sleep, not spin on a core
-        # another chapter's threads need (tests/conftest.py says what spinning costs).
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     outcomes: dict[int, Outcome] = {}
     _STOPPED.clear()
     with ThreadPoolExecutor(jobs) as pool, _ctrl_c_sets() as interrupted:
-        pending = {pool.submit(check_chapter, root, ch, verbose, timeout)
+        pending = {pool.submit(check_chapter, root, ch, verbose, timeout, jobs > 1)
                    for ch in _longest_first(root, selected)}
         try:
             while pending and not interrupted.is_set():
