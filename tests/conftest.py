@@ -13,7 +13,7 @@ import pytest
 # and examples they start. A waiting OpenMP thread spins on its core by default; with more
 # threads than cores the spinning ones take the cores from those with work, and every parallel
 # region waits for a thread that is not running: two of chapter 18's test runs side by side on
-# 2 cores took 7x as long as one alone, not 2x. So waiting threads sleep instead (children
+# 2 cores took 233 s each, 32-43 s alone (6x, not 2x). So waiting threads sleep instead (children
 # inherit it). libgomp reads the policy once, when torch loads it: before the import below.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
