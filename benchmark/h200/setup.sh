@@ -1,11 +1,16 @@
 # Sourced by the session scripts: the carried wheels, then the random Qwen3-0.6B-shaped model.
-# Once per call: a script sourced by another finds it done.
+# Once per call: a script sourced by another finds it done. A later call on the same warm
+# machine carries no wheels (what a call carried is gone at the next): it finds them installed.
 if [ -z "${H200_READY:-}" ]; then
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    mkdir -p models/SmolLM2-135M-Instruct
+    cp -n .dev/smol-tok/* models/SmolLM2-135M-Instruct/
+elif [ ! -d /tmp/site/flashinfer ]; then
+    echo "no .whl carried and none installed by an earlier call on this machine" >&2; exit 1
+fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-mkdir -p models/SmolLM2-135M-Instruct
-cp -n .dev/smol-tok/* models/SmolLM2-135M-Instruct/
 python3 tools/models.py --only qwen3-0.6b-random > /dev/null || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, transformers, flashinfer; print('torch', torch.__version__, \
