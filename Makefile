@@ -14,6 +14,9 @@ TRITON ?= triton==3.9.0
 # stay on one worker (loadscope): its module-scoped servers and process groups start once, not
 # once per worker that happens to run one of its tests (on 2 cores: 427 s with load, 339 s).
 JOBS   ?= auto
+# The package is compiled before the suite: where PYTHONDONTWRITEBYTECODE is set (CI sets it),
+# no process keeps its compilation, and each of the suite's hundreds of processes (servers,
+# ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
 
 .PHONY: check test book serve setup models mutate
 check: setup
@@ -21,6 +24,7 @@ check: setup
 	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
 
 test: setup
+	$(PY) -m compileall -q python/minisgl tests
 	$(PY) -m pytest -q -n $(JOBS) --dist loadscope
 
 book: setup
