@@ -259,6 +259,24 @@ def test_allocate_equals_page_by_page(page_size):
         assert torch.equal(manager.page_table, table)
 
 
+
+def test_append_host_writes_into_room_kept_for_the_tokens():
+    """Appending is a write into the request's own buffer: the tokens before it are not copied
+    (same storage throughout), a view taken earlier still reads what it read, and the caller's
+    prompt tensor is never written. One token more than the request may hold is refused."""
+    prompt = torch.tensor([5, 6, 7], dtype=torch.int32)
+    req = Req(prompt, table_idx=0, cached_len=0, output_len=3, uid=9,
+              sampling_params=SamplingParams(max_tokens=3))
+    storage, before = req.input_ids.data_ptr(), req.input_ids
+    for token in (11, 12, 13):
+        req.complete_one()
+        req.append_host(token)
+    assert req.input_ids.tolist() == [5, 6, 7, 11, 12, 13] and req.input_ids.dtype == torch.int32
+    assert req.input_ids.data_ptr() == storage and req.output_ids == [11, 12, 13]
+    assert before.tolist() == [5, 6, 7] and prompt.tolist() == [5, 6, 7]
+    with pytest.raises(ValueError, match="request 9 already holds its 6 tokens"):
+        req.append_host(14)
+
 # --- the chapter's example ---
 
 import ast  # noqa: E402

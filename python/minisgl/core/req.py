@@ -1,1 +1,1 @@
-../../../steps/ch01_core/minisgl/core/req.py
+../../../steps/ch17_gpu_attention/minisgl/core/req.py
