@@ -18,22 +18,30 @@ WIRE_TYPES: dict[str, type] = {cls.__name__: cls for cls in (*MESSAGE_TYPES, Sam
 TYPE_KEY, TENSOR_KEY = "__type__", "__tensor__"
 
 
+# Scalars first: they are most of every message, and each check below costs a call.
+_SCALARS = (int, float, str, bytes, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # per message type: dataclasses.fields is slow
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous()
-        return {TENSOR_KEY: str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
-                "data": data.view(torch.uint8).numpy().tobytes()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = type(value).__name__
-        if name not in WIRE_TYPES:
-            raise TypeError(f"{name} is not a message type")
-        return {TYPE_KEY: name, **{f.name: _plain(getattr(value, f.name))
-                                   for f in dataclasses.fields(value)}}
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    return value
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return {TENSOR_KEY: str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
+                "data": data.view(torch.uint8).numpy().tobytes()}
+    names = _FIELD_NAMES.get(type(value))
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if type(value).__name__ not in WIRE_TYPES:
+            raise TypeError(f"{type(value).__name__} is not a message type")
+        names = _FIELD_NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    if names is None:
+        return value
+    return {TYPE_KEY: type(value).__name__, **{n: _plain(getattr(value, n)) for n in names}}
 
 
 def _rebuild(value: Any) -> Any:
