@@ -14,15 +14,15 @@ TRITON ?= triton==3.9.0
 # stay on one worker (loadscope): its module-scoped servers and process groups start once, not
 # once per worker that happens to run one of its tests (on 2 cores: 427 s with load, 339 s).
 JOBS   ?= auto
-# The package is compiled before the suite: where PYTHONDONTWRITEBYTECODE is set (CI sets it),
-# no process keeps its compilation, and each of the suite's hundreds of processes (servers,
-# ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
 
 .PHONY: check test book serve setup models mutate
 check: setup
 	$(PY) tools/steps.py check
 	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
 
+# The package is compiled before the suite: where PYTHONDONTWRITEBYTECODE is set (CI sets it),
+# no process keeps its compilation, and each of the suite's hundreds of processes (servers,
+# ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
 test: setup
 	$(PY) -m compileall -q python/minisgl tests
 	$(PY) -m pytest -q -n $(JOBS) --dist loadscope

@@ -259,7 +259,6 @@ def test_allocate_equals_page_by_page(page_size):
         assert torch.equal(manager.page_table, table)
 
 
-
 def test_append_host_writes_into_room_kept_for_the_tokens():
     """Appending is a write into the request's own buffer: the tokens before it are not copied
     (same storage throughout), a view taken earlier still reads what it read, and the caller's
@@ -276,6 +275,7 @@ def test_append_host_writes_into_room_kept_for_the_tokens():
     assert before.tolist() == [5, 6, 7] and prompt.tolist() == [5, 6, 7]
     with pytest.raises(ValueError, match="request 9 already holds its 6 tokens"):
         req.append_host(14)
+
 
 # --- the chapter's example ---
 
