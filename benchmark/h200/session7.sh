@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Next session's first measurements, one call each on one warm machine (what issues 26 and 27
 # left unmeasured on 2026-12-02):
-#   serving  chapter 17's append_host (no copy of the sequence) before and after, side by side:
-#            the same 400 requests at rate inf against the server of 5744383 (the commit before
-#            it) and of this tree, each with --compare-offline; then this tree once more with
-#            --profile (the scheduler's stacks).
+#   serving  the two host savings of 2026-12-02 (chapter 17's append_host without a copy of the
+#            sequence, chapter 13's faster codec) before and after, side by side: the same 400
+#            requests at rate inf against the server of 5744383 (the commit before both) and of
+#            this tree, each with --compare-offline; then this tree once more with --profile.
 #   offline  the official workload, three rounds, and the overlap timeline at batch 256.
 # Before the serving call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
 #   git archive 5744383 python steps | tar -x -C .dev/old
