@@ -8,7 +8,7 @@ in the chapter that wrote it first and in the chapter that made it cheap, side b
 
     python benchmark/host_step.py [--batch 256] [--prompt 1024] [--steps 64]
 
-Each chapter's own tree is built (tools/steps.py build) and timed in a process of its own, on
+Each chapter's own tree is built (as `tools/steps.py build` does) and timed in a process of its own, on
 one thread, with the same inputs; microseconds per request.
 """
 
@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from steps import build  # noqa: E402  (the step checker's own chapter builder)
 
 APPEND = """
 import sys, time, torch
@@ -56,8 +58,7 @@ PIECES = [("追加 token", APPEND, 1, 17, "torch.cat", "写进预留的位置"),
 
 def time_in_chapter(n: int, code: str, args: list[str]) -> float:
     with tempfile.TemporaryDirectory() as tree:
-        subprocess.run([sys.executable, str(ROOT / "tools" / "steps.py"), "build", str(n), tree],
-                       check=True, capture_output=True)
+        build(ROOT, n, Path(tree))
         out = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, check=True,
                              env={"PYTHONPATH": tree}, capture_output=True, text=True)
     return float(out.stdout)

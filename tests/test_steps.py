@@ -334,8 +334,8 @@ def test_a_program_still_starting_when_ctrl_c_stops_all_is_stopped_too(monkeypat
         runner.join(15)
         assert not runner.is_alive(), "the program escaped the stop"
         assert result[0][0] == -signal.SIGKILL
-        # After the stop nothing starts any more.
-        assert steps._run(sleeper, tmp_path, dict(os.environ), False, None) == (None, "", [])
+        # After the stop nothing starts any more: it counts as killed (not as timed out).
+        assert steps._run(sleeper, tmp_path, dict(os.environ), False, None) == (-signal.SIGKILL, "", [])
     finally:
         steps._STOPPED.clear()
 

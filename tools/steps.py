@@ -429,8 +429,8 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], verbose: bool,
          timeout: float | None) -> tuple[int | None, str, list[str]]:
     """Run cmd, collecting stdout and the interleaved output; rc None means it timed out."""
     with _STARTING:
-        if _STOPPED.is_set():
-            return None, "", []
+        if _STOPPED.is_set():  # Ctrl-C stopped everything: this one counts as killed, not run
+            return -signal.SIGKILL, "", []
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, encoding="utf-8",
                                 errors="replace", start_new_session=True)

