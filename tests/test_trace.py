@@ -129,6 +129,29 @@ def test_every_process_is_a_named_lane_on_one_clock(trace):
         assert all(r >= s for s, r in zip(sent[key], times)), key
 
 
+def test_every_message_is_an_arrow_from_its_send_to_its_receipt(trace):
+    names, _ = _by_process(trace)
+    events = trace["traceEvents"]
+    ends = defaultdict(list)
+    for e in events:
+        if e["ph"] == "f":
+            ends[e["cat"], e["name"], e["id"]].append(e)
+    starts = [e for e in events if e["ph"] == "s"]
+    sends = [e for e in events if e["ph"] == "i" and e["args"].get("dir") == "send"]
+    assert len(starts) == len(sends) > 0
+    # Each arrow sits on its message's own event: same process, thread, time and name.
+    messages = {(e["pid"], e["tid"], e["ts"], e["name"], e["args"]["dir"]) for e in events
+                if e["ph"] == "i" and "dir" in e["args"]}
+    for s in starts:
+        (f,) = ends.pop((s["cat"], s["name"], s["id"]))  # exactly one receipt
+        sender, receiver = names[s["pid"]], names[f["pid"]]
+        assert receiver == RECEIVER[sender, s["name"]] and f["ts"] > s["ts"], (s, f)
+        assert f["bp"] == "e"  # bound to the receipt's event, not to the next slice
+        assert (s["pid"], s["tid"], s["ts"], s["name"], "send") in messages
+        assert (f["pid"], f["tid"], f["ts"], f["name"], "recv") in messages
+    assert not ends, f"receipts nobody sent: {list(ends)}"
+
+
 def test_each_request_meets_the_journey_in_order(trace):
     names, events = _by_process(trace)
     done, _ = _uids_of(trace)
@@ -213,7 +236,7 @@ def test_tracing_off_writes_nothing(tmp_path, monkeypatch):
     assert not trace.enabled()  # nobody called begin() in this process
     trace.instant("queued", uid=1)
     trace.span("decode", trace.now(), uids=[1])
-    trace.messages("send", [object()])
+    trace.messages("send", [object()], "ipc:///nowhere")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -377,7 +377,8 @@ def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
 
 
 def render_video(assets: Path = ASSETS) -> Path:
-    """video.mp4: the frames, the narration and the subtitles (also a soft subtitle track)."""
+    """video.mp4: the frames, the narration and the subtitles as a subtitle track (the frames
+    leave the subtitle bar's text out: the page's <track> shows it, as do video players)."""
     scenes = write_data(assets)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     missing = [t for t in ("espeak-ng", "ffmpeg", "ffprobe") if not shutil.which(t)]
@@ -397,6 +398,7 @@ def render_video(assets: Path = ASSETS) -> Path:
                         "-pix_fmt", "yuv420p", "-r", str(FPS),
                         "-c:a", "aac", "-b:a", "48k", "-ac", "1",
                         "-c:s", "mov_text", "-metadata:s:s:0", "language=chi",
+                        "-disposition:s:0", "default",
                         "-t", f"{scenes[-1].p1:.3f}", "-movflags", "+faststart", str(out)],
                        check=True)
     return out

@@ -2,7 +2,7 @@
 // tools/animate.py) as an SVG. Play time P runs through the scenes; each scene stretches its
 // part of the trace onto its seconds, so every event has a play time and the picture at P is
 // the trace's state after all events played by then. ?t=SECONDS renders one still frame
-// (the video's frames are screenshots of it).
+// (the video's frames are screenshots of it, made by showFrame).
 (function () {
   "use strict";
   const D = window.REQUEST_LIFE;
@@ -275,8 +275,10 @@
     if (e.code === "ArrowLeft") jump(-1);
   });
 
-  // For tools/animate.py's frames: show play time p and nothing but the stage.
-  window.showFrame = (p) => { document.body.classList.add("frame"); playing = false; P = p; render(); };
+  // For tools/animate.py's frames: show play time p and nothing but the stage, without the
+  // subtitle's text (the video has it as a subtitle track; burnt in too, a page showing the
+  // track would show every line twice).
+  window.showFrame = (p) => { document.body.classList.add("frame", "video"); playing = false; P = p; render(); };
   const still = new URLSearchParams(location.search).get("t");
   if (still !== null) { document.body.classList.add("frame"); P = Number(still); }
   render();

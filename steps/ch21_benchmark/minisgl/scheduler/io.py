@@ -85,11 +85,14 @@ class SchedulerIO:
                 self.broadcast.put_raw(msgpack.packb(raws))
         else:  # an idle rank 0 blocks too, so waiting here is always right
             raws = msgpack.unpackb(self.subscription.get_raw())
-        return [m for raw in raws for m in unbatch(decode(raw))]
+        messages = [m for raw in raws for m in unbatch(decode(raw))]
+        # Rank 0 alone ties them to their senders: the other ranks get copies nobody sent them.
+        trace.messages("recv", messages, self.inbox.address if self.rank == 0 else None)
+        return messages
 
     def send(self, messages: list[Message]) -> None:
         if self.reply is not None and messages:  # rank 0: the only one whose results go anywhere
-            trace.messages("send", messages)  # before sending: the receipt cannot come first
+            trace.messages("send", messages, self.reply.address)  # before: it cannot arrive first
             self.reply.put(batched(messages))
 
 
@@ -137,7 +140,6 @@ class SchedulerLoop:
         start = time.perf_counter()
         idle = not self.scheduler.has_work
         messages = self.io.receive(blocking=idle)
-        trace.messages("recv", messages)
         for msg in messages:
             if isinstance(msg, ExitMsg):
                 return False

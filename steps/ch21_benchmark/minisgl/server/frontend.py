@@ -43,7 +43,7 @@ class Frontend:
                 self.loop.call_soon_threadsafe(self._deliver, unbatch(message))
 
     def _deliver(self, replies: list[Message]) -> None:
-        trace.messages("recv", replies)
+        trace.messages("recv", replies, self.replies.address)
         for reply in replies:
             queue = self.waiting.get(reply.uid)
             if queue is not None:  # no one waits for an aborted request's last reply
@@ -51,8 +51,9 @@ class Frontend:
 
     def _send(self, uid: int, message: Message) -> None:
         if not self.stopped.is_set():  # a request cancelled at shutdown has nowhere to go
-            trace.messages("send", [message])  # before: the receipt cannot come first
-            self.to_tokenizers[uid % len(self.to_tokenizers)].put(message)
+            queue = self.to_tokenizers[uid % len(self.to_tokenizers)]
+            trace.messages("send", [message], queue.address)  # before: it cannot arrive first
+            queue.put(message)
 
     def _new_uid(self) -> tuple[int, asyncio.Queue]:
         uid, self.next_uid = self.next_uid, self.next_uid + 1

@@ -77,11 +77,11 @@ def run_tokenizer(*, model_path: str, inbox: str, bind_inbox: bool, scheduler: s
         if any(isinstance(m, ExitMsg) for m in messages):
             receive.close()  # the socket file goes too, if this process bound it
             return
-        trace.messages("recv", messages)
+        trace.messages("recv", messages, receive.address)
         out = worker.handle(messages)
         if out.to_scheduler:
-            trace.messages("send", out.to_scheduler)  # before: the receipt cannot come first
+            trace.messages("send", out.to_scheduler, scheduler)  # before: it cannot arrive first
             to_scheduler.put(batched(out.to_scheduler))
         if out.to_frontend:
-            trace.messages("send", out.to_frontend)
+            trace.messages("send", out.to_frontend, frontend)
             to_frontend.put(batched(out.to_frontend))

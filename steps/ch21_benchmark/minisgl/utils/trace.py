@@ -8,6 +8,8 @@ the parts into FILE, which Perfetto (ui.perfetto.dev) or chrome://tracing opens 
 
 One clock for all: CLOCK_MONOTONIC (time.monotonic_ns) counts from the same origin in every
 process of a machine, so a message's send in one process and its receipt in another line up.
+Each message also gets a flow event at both ends (ph "s" at the send, "f" at the receipt), so
+Perfetto draws an arrow from one process to the other.
 
 Off (the default) every call returns after one test of a module global: nothing is built,
 formatted or written.
@@ -15,6 +17,7 @@ formatted or written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -39,6 +42,7 @@ class _PartFile:
         self.pid = os.getpid()
         self.file = open(Path(directory) / f"{self.pid}.jsonl", "a", encoding="utf-8")
         self.named_threads: set[int] = set()
+        self.flow_counts: dict[tuple[str, str, Any], int] = {}
         self.lock = threading.Lock()  # the API server writes from two threads
         self.write({"ph": "M", "name": "process_name", "pid": self.pid, "tid": 0,
                     "args": {"name": process_name}})
@@ -56,6 +60,18 @@ class _PartFile:
             self.write({"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid,
                         "args": {"name": threading.current_thread().name}})
         return tid
+
+    def flow_id(self, inbox: str, name: str, uid: Any) -> int:
+        """The id of the next `name` message of request `uid` through `inbox`. Sender and
+        receiver compute the same one without telling each other: for a given uid only one
+        process sends a given kind to a given inbox, and ZMQ keeps those in order, so the
+        n-th sent is the n-th received. Hashed into 48 bits: Perfetto wants an integer (a
+        string id is read as hex) and a JavaScript number holds 48 bits exactly."""
+        with self.lock:
+            key = (inbox, name, uid)
+            n = self.flow_counts[key] = self.flow_counts.get(key, -1) + 1
+        digest = hashlib.blake2b(f"{inbox}|{name}|{uid}|{n}".encode(), digest_size=6).digest()
+        return int.from_bytes(digest, "big")
 
 
 def _part_file() -> _PartFile:
@@ -95,12 +111,25 @@ def span(name: str, start_ns: int, **args: Any) -> None:
                 "ts": start_ns / 1000, "dur": (end - start_ns) / 1000, "args": args})
 
 
-def messages(direction: str, batch: list[Any]) -> None:
-    """One event per message, named by its type, e.g. UserMsg {"dir": "recv", "uid": 3}."""
-    if not _enabled:
+def messages(direction: str, batch: list[Any], inbox: str | None = None) -> None:
+    """One event per message, named by its type, e.g. UserMsg {"dir": "recv", "uid": 3}.
+    With `inbox`, the address the messages travel to (both ends know it), also the flow event
+    that ties each send to its receipt: ph "s" here, or ph "f" bound to the receipt's event."""
+    if not _enabled or not batch:
         return
+    sink = _part_file()
+    tid = sink.thread_id()
     for message in batch:
-        instant(type(message).__name__, dir=direction, uid=getattr(message, "uid", None))
+        name, uid = type(message).__name__, getattr(message, "uid", None)
+        ts = time.monotonic_ns() / 1000
+        sink.write({"ph": "i", "s": "t", "name": name, "pid": sink.pid, "tid": tid, "ts": ts,
+                    "args": {"dir": direction, "uid": uid}})
+        if inbox is not None:  # same ts, written after: the arrow binds to the event above
+            flow = {"ph": "s" if direction == "send" else "f", "name": name, "cat": "message",
+                    "id": sink.flow_id(inbox, name, uid), "pid": sink.pid, "tid": tid, "ts": ts}
+            if direction != "send":
+                flow["bp"] = "e"  # the enclosing event (the receipt), not the next slice
+            sink.write(flow)
 
 
 def _parts_dir(path: str | os.PathLike) -> Path:
