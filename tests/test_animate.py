@@ -28,14 +28,14 @@ animate = _animate()
 
 
 def test_committed_data_and_subtitles_are_what_the_trace_and_script_give():
-    events, scenes, script, requests = animate.load(ASSETS)
+    events, scenes, script, requests, recorded_on = animate.load(ASSETS)
     assert (ASSETS / "data.js").read_text(encoding="utf-8") == \
-        animate.player_data(events, scenes, script, requests)
+        animate.player_data(events, scenes, script, requests, recorded_on)
     assert (ASSETS / "subtitles.vtt").read_text(encoding="utf-8") == animate.webvtt(scenes)
 
 
 def test_scenes_follow_the_trace_and_tile_about_two_minutes_of_play():
-    events, scenes, _, _ = animate.load(ASSETS)
+    events, scenes, _, _, _ = animate.load(ASSETS)
     assert scenes[0].p0 == 0 and 110 <= scenes[-1].p1 <= 130  # about two minutes
     for a, b in zip(scenes, scenes[1:]):
         assert a.p1 == b.p0 and a.t1 == b.t0 and a.t0 <= b.t0
@@ -43,7 +43,7 @@ def test_scenes_follow_the_trace_and_tile_about_two_minutes_of_play():
 
 
 def test_subtitle_cues_cover_each_scene_in_order_and_say_its_narration():
-    _, scenes, _, _ = animate.load(ASSETS)
+    _, scenes, _, _, _ = animate.load(ASSETS)
     cues = animate.cues(scenes)
     assert cues[0][0] == 0 and cues[-1][1] == round(scenes[-1].p1, 3)
     for (a0, a1, _), (b0, _, _) in zip(cues, cues[1:]):
@@ -53,7 +53,7 @@ def test_subtitle_cues_cover_each_scene_in_order_and_say_its_narration():
 
 
 def test_vtt_timestamps_parse_back_to_the_cues():
-    _, scenes, _, _ = animate.load(ASSETS)
+    _, scenes, _, _, _ = animate.load(ASSETS)
     stamps = re.findall(r"(\d\d):(\d\d):(\d\d)\.(\d{3}) --> (\d\d):(\d\d):(\d\d)\.(\d{3})",
                         animate.webvtt(scenes))
     parsed = [(int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000,
@@ -63,7 +63,7 @@ def test_vtt_timestamps_parse_back_to_the_cues():
 
 
 def test_narration_numbers_come_from_the_trace():
-    events, scenes, script, requests = animate.load(ASSETS)
+    events, scenes, script, requests, recorded_on = animate.load(ASSETS)
     admit = animate.find(events, {"name": "admit", "uid": 1})
     batch = next(s for s in scenes if s.id == "batch")
     assert f"请求 1 命中 {admit.args['hit']} 个 token" in batch.text
@@ -71,7 +71,7 @@ def test_narration_numbers_come_from_the_trace():
 
 
 def test_a_scene_anchored_before_the_one_ahead_of_it_is_refused():
-    events, _, script, _ = animate.load(ASSETS)
+    events, _, script, _, _ = animate.load(ASSETS)
     broken = json.loads(json.dumps(script))
     broken["scenes"][1], broken["scenes"][2] = broken["scenes"][2], broken["scenes"][1]
     try:
@@ -83,7 +83,7 @@ def test_a_scene_anchored_before_the_one_ahead_of_it_is_refused():
 
 
 def test_an_anchor_the_trace_lacks_is_named():
-    events, _, _, _ = animate.load(ASSETS)
+    events, _, _, _, _ = animate.load(ASSETS)
     try:
         animate.find(events, {"name": "admit", "uid": 99})
     except ValueError as e:
@@ -93,7 +93,7 @@ def test_an_anchor_the_trace_lacks_is_named():
 
 
 def test_the_requests_are_the_scripts_in_order_with_the_uids_the_server_gave():
-    events, _, script, requests = animate.load(ASSETS)
+    events, _, script, requests, _ = animate.load(ASSETS)
     assert [r["content"] for r in requests] == [r["content"] for r in script["requests"]]
     assert [r["uid"] for r in requests] == \
         [e.args["uid"] for e in events if e.name == "http_request"]

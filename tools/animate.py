@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import fcntl
 import json
 import os
@@ -161,9 +162,9 @@ def webvtt(scenes: list[Scene]) -> str:
 
 
 def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any],
-                requests: list[dict[str, Any]]) -> str:
+                requests: list[dict[str, Any]], recorded_on: str) -> str:
     """data.js: what the player needs, as one global (a file:// page cannot fetch JSON)."""
-    data = {"recorded": script["recorded"], "requests": requests,
+    data = {"recorded": f"{script['recorded']}，{recorded_on}", "requests": requests,
             "scenes": [s.__dict__ for s in scenes], "cues": cues(scenes),
             "events": [[e.t, e.lane, e.name, e.dur, e.args] for e in events]}
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
@@ -172,18 +173,19 @@ def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any]
 
 
 def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any],
-                                         list[dict[str, Any]]]:
-    """Events, scenes, the script, and the recorded requests by uid."""
+                                         list[dict[str, Any]], str]:
+    """Events, scenes, the script, the recorded requests by uid, and the day of the run."""
     script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
     trace = json.loads((assets / "trace.json").read_text(encoding="utf-8"))
     events = load_events(trace)
     requests = sorted(trace["otherData"]["requests"], key=lambda r: r["uid"])
-    return events, build_scenes(events, script), script, requests
+    return (events, build_scenes(events, script), script, requests,
+            trace["otherData"]["recorded_on"])
 
 
 def write_data(assets: Path = ASSETS) -> list[Scene]:
-    events, scenes, script, requests = load(assets)
-    (assets / "data.js").write_text(player_data(events, scenes, script, requests),
+    events, scenes, script, requests, recorded_on = load(assets)
+    (assets / "data.js").write_text(player_data(events, scenes, script, requests, recorded_on),
                                     encoding="utf-8")
     (assets / "subtitles.vtt").write_text(webvtt(scenes), encoding="utf-8")
     return scenes
@@ -218,7 +220,8 @@ def record(out: Path, script: dict[str, Any]) -> None:
             print(server.communicate(timeout=60)[0], end="")
         recorded = json.loads(trace.read_text(encoding="utf-8"))
     recorded["otherData"] = {"requests": [{**r, "uid": uid}
-                                          for r, uid in zip(script["requests"], uids)]}
+                                          for r, uid in zip(script["requests"], uids)],
+                             "recorded_on": datetime.date.today().isoformat()}
     prefills = [e.args["uids"] for e in load_events(recorded) if e.name == "prefill"]
     if uids != list(range(len(uids))) or prefills[:2] != [[0], list(range(1, len(uids)))]:
         raise SystemExit(f"the scenes tell of request 0 prefilled alone while the others "
