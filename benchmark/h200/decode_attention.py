@@ -1,0 +1,72 @@
+"""FlashInfer's paged decode attention with and without its tensor-core path, side by side.
+
+Chapter 17's backend turns the tensor-core path on only when at least 4 query heads share a KV
+head; Qwen3-0.6B has 2 (16 query heads, 8 KV heads), so its decode runs the CUDA-core kernel.
+At batch 256 that kernel is about 1.25x the time its K and V take to read (chapter 21). This
+measures both paths on the model's shapes, so the threshold is a measurement, not a guess.
+
+    python benchmark/h200/decode_attention.py [--batch 64 128 256] [--context 512 1024]
+
+One layer's decode attention, eager calls between CUDA events (each call is 50 µs or more at
+these sizes, so the host stays ahead of the GPU), best of 5 rounds of 20 calls; GB/s counts the
+K and V bytes the batch must read once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+
+QO_HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # Qwen3-0.6B
+
+
+def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: bool) -> float:
+    import flashinfer
+
+    pages_per_req = -(-context // page_size)
+    num_pages = batch * pages_per_req
+    dtype, device = torch.bfloat16, "cuda"
+    k = torch.randn(num_pages, page_size, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, QO_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_req
+    indices = torch.randperm(num_pages, dtype=torch.int32, device=device)  # scattered pages
+    last = context - (pages_per_req - 1) * page_size
+    last_page_len = torch.full((batch,), last, dtype=torch.int32, device=device)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                            use_tensor_cores=tensor_cores)
+    wrapper.plan(indptr, indices, last_page_len, QO_HEADS, KV_HEADS, HEAD_DIM, page_size,
+                 q_data_type=dtype, kv_data_type=dtype)
+    return best_microseconds(lambda: wrapper.run(q, (k, v)), iters=20, rounds=5, graph=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--context", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--page-size", type=int, nargs="+", default=[1, 256])
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one layer of decode "
+          f"attention, {QO_HEADS} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, bf16")
+    print(f"{'batch':>6} {'context':>8} {'page':>5} {'KV MB':>7} {'CUDA cores µs':>14} "
+          f"{'GB/s':>6} {'tensor cores µs':>16} {'GB/s':>6} {'ratio':>6}")
+    for page_size in args.page_size:
+        for context in args.context:
+            for batch in args.batch:
+                kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
+                plain = decode_microseconds(batch, context, page_size, False)
+                cores = decode_microseconds(batch, context, page_size, True)
+                print(f"{batch:>6} {context:>8} {page_size:>5} {kv_bytes / 1e6:>7.1f} "
+                      f"{plain:>14.1f} {kv_bytes / plain / 1e3:>6.0f} {cores:>16.1f} "
+                      f"{kv_bytes / cores / 1e3:>6.0f} {plain / cores:>5.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
