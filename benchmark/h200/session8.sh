@@ -21,7 +21,7 @@ serving)
 print(f'host speed: {time.perf_counter() - t:.2f} s for sum(i * i for i in range(10**7))')"
     } > $R/host.txt 2>&1
     for i in 1 2 3; do
-        timeout 170 python3 benchmark/online.py $W --rates 16 inf --compare-offline \
+        timeout 180 python3 benchmark/online.py $W --rates 16 inf --compare-offline \
             --json $R/run$i.json > $R/run$i.txt 2>&1
     done
     summary() { cat $R/host.txt; grep -h -A4 "^下限" $R/run*.txt; } ;;
