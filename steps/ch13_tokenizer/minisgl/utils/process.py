@@ -23,8 +23,9 @@ from typing import Any
 # and perhaps CUDA, which a forked child would inherit half alive. Not spawn: each spawned child
 # is a new interpreter that imports torch again, over a second of CPU per child.
 _CTX = mp.get_context("forkserver")
-# None of these starts a thread, opens a socket or initialises CUDA when imported (torch does
-# that on first use), so forking after them is safe and each child still picks its own GPU.
+# Importing these opens no socket and leaves CUDA uninitialised (torch initialises it on first
+# use), so each child still picks its own GPU; the one thread they start, OpenBLAS's pool under
+# numpy, stops and restarts around fork itself. So forking after them is safe.
 # Third-party only: the forkserver of Python 3.11 and 3.12 ignores the launcher's sys.path, so
 # our own modules could come from another tree; a child imports those itself, in milliseconds.
 _PRELOAD = ["torch", "safetensors", "zmq", "msgpack", "transformers.models.auto.tokenization_auto"]
