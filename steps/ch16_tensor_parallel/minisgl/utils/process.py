@@ -116,7 +116,10 @@ def wait_ready(processes: list[BaseProcess], status: ReadyQueue, expected: int,
         if report is not None:
             kind, name, info = report
             if kind == "failed":
-                raise RuntimeError(f"{name} failed while starting:\n{info}")
+                # A rank fails because its peer died (a broken connection): name the dead too.
+                dead = "".join(f"{p.name} exited with code {p.exitcode} before it was ready\n"
+                               for p in processes if p.exitcode is not None and p.name != name)
+                raise RuntimeError(f"{dead}{name} failed while starting:\n{info}")
             infos[name] = info
             continue
         dead = [p for p in processes if p.exitcode is not None]
