@@ -1,14 +1,16 @@
 """Targets for the child-process tests (tests/test_tokenizer.py).
 
-A spawned child rebuilds its target by importing it by name, so the targets are top-level
-functions of a module on sys.path. multiprocessing's spawn hands the parent's sys.path to the
-child, and pytest puts tests/ on it (pyproject: pythonpath), so the child finds this module.
+A child rebuilds its target by importing it by name, so the targets are top-level functions of
+a module on sys.path. multiprocessing hands the parent's sys.path to the child (forkserver and
+spawn alike), and pytest puts tests/ on it (pyproject: pythonpath), so the child finds this
+module.
 Keep the imports light: every child imports this file.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 
@@ -32,3 +34,11 @@ def ignore_sigterm(*, status) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     status.ready(os.getpid())
     time.sleep(60.0)
+
+
+def report_start_up(*, status) -> None:
+    """Report the CPU seconds this child spent before its target ran (minisgl.utils.process,
+    which it imports to run us, imports torch), and one variable of its environment."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    status.ready({"cpu": usage.ru_utime + usage.ru_stime,
+                  "env": os.environ.get("MINISGL_TEST_LATE_VARIABLE")})

@@ -53,18 +53,36 @@ def running(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def spawned_children(pid: int) -> list[int]:
-    """The multiprocessing children of `pid` (not its resource tracker), oldest first."""
-    found = []
+def descendants_of(pid: int) -> list[int]:
+    """Every process below `pid`: its children, theirs, and so on. A launcher's workers are
+    children of its forkserver, not of the launcher."""
+    found, todo = [], [pid]
+    while todo:
+        children = children_of(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def workers_of(pid: int) -> list[int]:
+    """The processes `pid` started through multiprocessing (ranks, tokenizers), oldest first:
+    the children of its forkserver, or its own children that were spawned. Not the forkserver
+    itself, nor the resource tracker."""
+    started = []
     for child in children_of(pid):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        stat = proc_stat(child)
-        if "spawn_main" in cmdline and stat is not None:
-            found.append((int(stat[19]), child))  # field 22 of stat: start time
-    return [child for _, child in sorted(found)]
+        if "multiprocessing.forkserver" in cmdline(child):
+            started += children_of(child)
+        elif "spawn_main" in cmdline(child):
+            started.append(child)
+    found = [(int(stat[19]), p) for p in started if (stat := proc_stat(p)) is not None]
+    return [p for _, p in sorted(found)]  # field 22 of stat: start time
 
 
 def wait_all_gone(pids: list[int], timeout: float) -> list[int]:

@@ -33,7 +33,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from processes import ROOT, Child, children_of, minisgl_env, wait_all_gone
+from processes import ROOT, Child, descendants_of, minisgl_env, wait_all_gone, workers_of
 
 CHAPTER = 15  # tools/steps.py check runs this module on chapter 15's own tree
 
@@ -59,7 +59,7 @@ class Process(Child):
 
 
 class Server(Process):
-    """A server that is up: `ready` printed, its children recorded."""
+    """A server that is up: `ready` printed, its workers and all its descendants recorded."""
 
     def __init__(self, *args: str) -> None:
         super().__init__("--model", str(MODEL), "--port", "0", *args)
@@ -68,7 +68,8 @@ class Server(Process):
         except BaseException:
             self.stop(signal.SIGKILL)
             raise
-        self.children = children_of(self.pid)
+        self.workers = workers_of(self.pid)
+        self.children = descendants_of(self.pid)
         self.http = httpx.Client(base_url=self.url, timeout=120)
         self.openai = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
 
@@ -519,7 +520,7 @@ def test_eight_concurrent_requests_each_equal_the_request_alone(server):
 
 
 def test_two_tokenizers_give_the_same_outputs(server, server2):
-    assert len(server2.children) >= len(server.children) + 2  # +1 tokenizer, +1 detokenizer
+    assert len(server2.workers) == len(server.workers) + 2  # +1 tokenizer, +1 detokenizer
     for prompt in PROMPTS[:4]:  # uids alternate, so both tokenizers take part
         assert greedy(server2, prompt, n=8)["choices"] == greedy(server, prompt, n=8)["choices"]
     messages = [{"role": "user", "content": "Hello"}]
@@ -663,7 +664,8 @@ def test_shell_answers_resets_and_exits(small):
     shell = Process("--model", str(MODEL), "--shell", "--max-seq-len", "128", stdin=True)
     try:
         shell.wait_for("/reset")  # the help line: the backend is up
-        shell.children = children_of(shell.pid)
+        shell.workers = workers_of(shell.pid)
+        shell.children = descendants_of(shell.pid)
         assert shell.popen.stdin is not None
         shell.popen.stdin.write("Hello\n/reset\n/exit\n")
         shell.popen.stdin.flush()
@@ -673,7 +675,7 @@ def test_shell_answers_resets_and_exits(small):
             shell.stop(signal.SIGKILL)
     shell.reader.join(5)
     assert_stopped_cleanly(shell, code)
-    assert len(shell.children) >= 2
+    assert len(shell.workers) >= 2
     assert expected.choices[0].message.content in shell.output
     assert "(conversation cleared)" in shell.output
 
@@ -696,7 +698,8 @@ def test_shell_ctrl_c_at_the_prompt_exits_at_once(target):
     shell = Process("--model", str(MODEL), "--shell", "--max-seq-len", "128", stdin=True)
     try:
         shell.wait_for("/reset")  # the help line: the backend is up, the prompt comes next
-        shell.children = children_of(shell.pid)
+        shell.workers = workers_of(shell.pid)
+        shell.children = descendants_of(shell.pid)
         time.sleep(0.5)  # now it is blocked reading stdin
         if target == "process":
             code = shell.stop(signal.SIGINT)  # fails if it has not exited within STOP_TIMEOUT
@@ -710,7 +713,7 @@ def test_shell_ctrl_c_at_the_prompt_exits_at_once(target):
         if shell.popen.poll() is None:
             shell.stop(signal.SIGKILL)
     assert_stopped_cleanly(shell, code)
-    assert len(shell.children) >= 2
+    assert len(shell.workers) >= 2
     assert "Traceback" not in shell.output, shell.output
 
 
@@ -798,7 +801,7 @@ def test_the_ready_line_of_an_ipv6_server_is_a_url_that_answers():
     proc = Process("--model", str(MODEL), "--host", "::1", "--port", "0", "--max-seq-len", "128")
     try:
         url = proc.served_url()
-        children = children_of(proc.pid)
+        children = descendants_of(proc.pid)
         assert url.startswith("http://[::1]:") and not url.endswith(":0"), proc.output
         assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
     finally:
@@ -828,7 +831,7 @@ def test_help_lists_the_options():
 
 
 def test_sigint_stops_the_server_and_all_its_children(server):
-    assert len(server.children) >= 2  # the scheduler and the tokenizer, at least
+    assert len(server.workers) >= 2  # the scheduler and the tokenizer, at least
     assert server.socket_files()
     assert_stopped_cleanly(server, server.shut_down(signal.SIGINT))
 
@@ -840,7 +843,7 @@ def test_sigterm_stops_the_server_and_all_its_children(small):
 def test_children_exit_on_their_own_when_the_server_is_killed():
     server = Server()
     try:
-        assert len(server.children) >= 2
+        assert len(server.workers) >= 2
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
         # Nobody stops them: each child sees its parent gone and exits.
         assert not wait_all_gone(server.children, timeout=10.0)
@@ -854,11 +857,10 @@ def test_sigterm_while_loading_stops_cleanly():
     try:
         proc.wait_for("minisgl: loading")
         deadline = time.monotonic() + 60
-        # The resource tracker of multiprocessing, the scheduler and the tokenizer.
-        while len(children_of(proc.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.children = children_of(proc.pid)
-        assert len(proc.children) >= 3
+        while len(workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the scheduler and the tokenizer
+        proc.children = descendants_of(proc.pid)
+        assert len(workers_of(proc.pid)) >= 2
         time.sleep(0.3)
         code = proc.stop(signal.SIGTERM)
     finally:

@@ -136,12 +136,15 @@ def test_violation_in_a_child_process_is_caught(repo: Path, propagate: bool) -> 
     assert any("ImportError" in line for line in o.output)
 
 
-def test_violation_in_a_multiprocessing_spawn_child_is_caught(repo: Path) -> None:
+# forkserver: how the engine starts its children (utils/process.py). The forkserver is a fresh
+# interpreter, so sitecustomize installs the guard there, and its forks inherit it.
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_violation_in_a_multiprocessing_child_is_caught(repo: Path, method: str) -> None:
     steps.link(repo)
     set_main(repo, "ch01_b", "import multiprocessing as mp, sys\n"
              f"def peek():\n    import minisgl\n    minisgl.__path__.append({str(repo / 'python/minisgl')!r})\n"
              "    import minisgl.y\n"
-             "if __name__ == '__main__':\n    p = mp.get_context('spawn').Process(target=peek)\n"
+             f"if __name__ == '__main__':\n    p = mp.get_context({method!r}).Process(target=peek)\n"
              "    p.start()\n    p.join()\n    print('child exit code', p.exitcode)\n")
     o = outcome(repo, "1")
     assert "child exit code 1" in o.stdout and "越界导入 minisgl.y" in o.error

@@ -42,8 +42,8 @@ from minisgl.layers import Embedding, LMHead, vocab_shard
 from minisgl.utils import configure_cpu_threads
 from minisgl.utils.process import rendezvous_address
 from minisgl.utils.zmq_queue import new_run_id
-from processes import (START_TIMEOUT, Child, children_of, minisgl_env, spawned_children,
-                       wait_all_gone)
+from processes import (START_TIMEOUT, Child, descendants_of, minisgl_env, wait_all_gone,
+                       workers_of)
 
 CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
 
@@ -594,12 +594,13 @@ def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
     child = Child(argv)
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while len(ranks := spawned_children(child.popen.pid)) < 2:
+        while len(ranks := workers_of(child.popen.pid)) < 2:
             assert child.popen.poll() is None, child.output
             assert time.monotonic() < deadline, child.output
-            time.sleep(0.05)
-        time.sleep(0.5)  # well inside its start-up: importing torch alone takes longer
-        everyone = children_of(child.popen.pid)
+            time.sleep(0.01)
+        # At once: forked from a forkserver that has torch already, a rank loads its weights and
+        # meets the other rank within a second.
+        everyone = descendants_of(child.popen.pid)
         os.kill(ranks[1], signal.SIGKILL)  # scheduler-rank1: started second
         killed = time.monotonic()
         code = child.wait(timeout=60)
@@ -642,8 +643,8 @@ def test_a_rank_dying_while_serving_is_reported_and_nothing_is_left(launcher):
     child = Child(argv)
     try:
         child.wait_for("LLM started" if launcher == "llm" else "minisgl: ready")
-        everyone = children_of(child.popen.pid)
-        os.kill(spawned_children(child.popen.pid)[1], signal.SIGKILL)  # scheduler-rank1
+        everyone = descendants_of(child.popen.pid)
+        os.kill(workers_of(child.popen.pid)[1], signal.SIGKILL)  # scheduler-rank1
         code = child.wait(timeout=60)
     finally:
         if child.popen.poll() is None:
@@ -672,8 +673,8 @@ def test_the_shell_stops_when_a_rank_dies():
             line = shell.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
-        everyone = children_of(shell.pid)
-        os.kill(spawned_children(shell.pid)[1], signal.SIGKILL)  # scheduler-rank1
+        everyone = descendants_of(shell.pid)
+        os.kill(workers_of(shell.pid)[1], signal.SIGKILL)  # scheduler-rank1
         out, _ = shell.communicate("Hello\n", timeout=60)
     finally:
         if shell.poll() is None:
@@ -701,7 +702,7 @@ def server_tp2():
         child.popen.kill()
         child.popen.wait()
         raise
-    child.children = children_of(child.popen.pid)
+    child.children = descendants_of(child.popen.pid)
     child.http = httpx.Client(base_url=url, timeout=120)
     yield child
     child.http.close()
@@ -712,7 +713,7 @@ def server_tp2():
 
 def test_server_runs_two_ranks_and_a_tokenizer(server_tp2):
     # N + 2 processes: this API server, one tokenizer/detokenizer, one scheduler per rank.
-    assert len(spawned_children(server_tp2.popen.pid)) == 3
+    assert len(workers_of(server_tp2.popen.pid)) == 3
 
 
 def test_server_tp2_answers_like_tp1(server_tp2, qwen3):

@@ -24,7 +24,7 @@ from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wai
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 import process_targets
-from processes import running, wait_all_gone
+from processes import descendants_of, running, wait_all_gone
 
 CHAPTER = 13  # tools/steps.py check runs this module on chapter 13's own tree
 
@@ -569,6 +569,34 @@ def test_stop_processes_kills_a_child_that_ignores_sigterm():
         stop_processes([process], timeout=0.0)
 
 
+def test_a_child_starts_from_the_preloaded_forkserver_in_little_cpu():
+    # A spawned child would import torch itself: over a second of CPU on this kind of machine.
+    status = ReadyQueue()
+    process = start_process(process_targets.report_start_up, "light", status)
+    try:
+        info = wait_ready([process], status, expected=1, timeout=60)["light"]
+    finally:
+        stop_processes([process])
+    assert info["cpu"] < 0.5, info
+
+
+def test_a_child_sees_the_launchers_environment_as_it_is_when_the_child_starts(monkeypatch):
+    # The forkserver keeps the environment it started with; the child must not.
+    status = ReadyQueue()
+    first = start_process(process_targets.report_start_up, "first", status)  # forkserver is up
+    try:
+        wait_ready([first], status, expected=1, timeout=60)
+        monkeypatch.setenv("MINISGL_TEST_LATE_VARIABLE", "set later")
+        second = start_process(process_targets.report_start_up, "second", status)
+        try:
+            info = wait_ready([second], status, expected=1, timeout=60)["second"]
+        finally:
+            stop_processes([second])
+    finally:
+        stop_processes([first])
+    assert info["env"] == "set later"
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
 def test_a_child_exits_when_its_parent_is_killed():
     launcher = (
@@ -587,9 +615,12 @@ def test_a_child_exits_when_its_parent_is_killed():
     try:
         child = int(parent.stdout.readline())
         assert running(child)
+        # The child, the forkserver that forked it and multiprocessing's resource tracker.
+        everyone = descendants_of(parent.pid)
+        assert child in everyone and len(everyone) == 3, everyone
         parent.kill()  # SIGKILL: the parent gets no chance to stop its children
         parent.wait()
-        assert not wait_all_gone([child], timeout=5.0), "the orphaned child is still running"
+        assert not wait_all_gone(everyone, timeout=5.0), "the launcher left processes running"
     finally:
         parent.kill()
         parent.wait()

@@ -42,9 +42,11 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"the server exited with code {server.wait()} before it was ready")
 
 
-def children_of(pid: int) -> list[int]:
+def descendants_of(pid: int) -> list[int]:
+    """Children, theirs, and so on: the workers are children of the server's forkserver."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    children = [int(p) for p in out.split()]
+    return children + [d for child in children for d in descendants_of(child)]
 
 
 def running(pid: int) -> bool:
@@ -75,11 +77,11 @@ def ask(client: openai.OpenAI, question: str) -> tuple[str, int]:
 def main() -> int:
     print("启动 python -m minisgl（--port 0：系统挑一个空闲端口）：")
     server, base = start_server()
-    children = children_of(server.pid)
+    children = descendants_of(server.pid)
     ok = True
     try:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
-        print(f"  服务进程 {server.pid}，子进程 {children}")
+        print(f"  服务进程 {server.pid}，子孙进程 {children}")
 
         print("一、openai 客户端，流式：")
         stream = client.chat.completions.create(
@@ -145,7 +147,7 @@ def main() -> int:
     time.sleep(1)
     alive = [pid for pid in children if running(pid)]
     ok &= code == 0 and not alive
-    print(f"  退出码 {code}；仍在运行的子进程：{alive}")
+    print(f"  退出码 {code}；仍在运行的子孙进程：{alive}")
     return 0 if ok else 1
 
 
