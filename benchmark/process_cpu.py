@@ -1,6 +1,6 @@
 """CPU time of a server's processes, read from /proc (Linux): which process is busy.
 
-`python -m minisgl` is one launcher process (it also runs the API server) and its children,
+`python -m minisgl` is one launcher process (it also runs the API server) and its workers,
 started in a fixed order (server/launch.py, start_backend): the scheduler of each TP rank, then
 the tokenizer processes (one by default; with --num-tokenizer N, N tokenizers and a
 detokenizer). A process whose CPU time grows as fast as the wall clock is using a whole core:
@@ -53,8 +53,20 @@ def busiest_threads(before: dict[str, float], after: dict[str, float], seconds: 
 
 
 def children(pid: int) -> list[int]:
-    """The child processes of `pid` in the order they started (multiprocessing's resource
-    tracker left out: it is bookkeeping, not part of the server)."""
+    """The worker processes of `pid` in the order they started. Multiprocessing's helpers are
+    not workers: the resource tracker is bookkeeping, left out; the forkserver (chapter 13)
+    forks the workers, so they are its children (with its command line), standing in for it."""
+    found = []
+    for start, child, cmdline in _children(pid):
+        if b"multiprocessing.forkserver" in cmdline:
+            found += [(s, worker) for s, worker, _ in _children(child)]
+        elif b"resource_tracker" not in cmdline:
+            found.append((start, child))
+    return [child for _, child in sorted(found)]
+
+
+def _children(pid: int) -> list[tuple[int, int, bytes]]:
+    """(start time, pid, command line) of each child of `pid`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -66,9 +78,8 @@ def children(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if b"resource_tracker" not in cmdline:
-            found.append((int(fields[19]), int(entry.name)))  # field 22: start time
-    return [child for _, child in sorted(found)]
+        found.append((int(fields[19]), int(entry.name), cmdline))  # field 22: start time
+    return found
 
 
 def server_processes(launcher: int, ranks: int) -> dict[str, int]:
