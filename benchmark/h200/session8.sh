@@ -26,6 +26,7 @@ print(f'host speed: {time.perf_counter() - t:.2f} s for sum(i * i for i in range
     done
     summary() { cat $R/host.txt; grep -h -A4 "^下限" $R/run*.txt; } ;;
 kernels)
+    export PYTHONPATH=python:$PYTHONPATH  # moe_bench imports minisgl's timing helper
     timeout 120 python3 benchmark/moe_bench.py --tokens 1 --profile > $R/moe_profile.txt 2>&1
     timeout 150 python3 benchmark/h200/decode_attention.py > $R/decode_attention.txt 2>&1
     timeout 150 python3 benchmark/online.py --device cuda --model $M --num-requests 64 \
