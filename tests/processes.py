@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,17 @@ def package_root() -> Path:
     import minisgl
 
     return Path(os.path.abspath(minisgl.__file__)).parent.parent
+
+
+def model_that_never_loads(source: Path, directory: Path) -> Path:
+    """A copy of checkpoint `source` whose weights file is a FIFO nobody writes to: a process
+    that loads it blocks in open(), so a server started on it is still loading whenever a test
+    acts. A real model's load, however small, can finish before the test acts (it did once the
+    ranks were forked from a forkserver that had torch already)."""
+    model = directory / source.name
+    shutil.copytree(source, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    os.mkfifo(model / "model.safetensors")
+    return model
 
 
 def minisgl_env() -> dict[str, str]:

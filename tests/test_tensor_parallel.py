@@ -42,8 +42,8 @@ from minisgl.layers import Embedding, LMHead, vocab_shard
 from minisgl.utils import configure_cpu_threads
 from minisgl.utils.process import rendezvous_address
 from minisgl.utils.zmq_queue import new_run_id
-from processes import (START_TIMEOUT, Child, descendants_of, minisgl_env, wait_all_gone,
-                       workers_of)
+from processes import (START_TIMEOUT, Child, descendants_of, minisgl_env, model_that_never_loads,
+                       wait_all_gone, workers_of)
 
 CHAPTER = 16  # tools/steps.py check runs this module on chapter 16's own tree
 
@@ -586,8 +586,8 @@ print("LLM started", flush=True)
 
 
 @pytest.mark.parametrize("launcher", ["llm", "server"])
-def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
-    model = str(MODELS_DIR / TINY_QWEN3)
+def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher, tmp_path):
+    model = str(model_that_never_loads(MODELS_DIR / TINY_QWEN3, tmp_path))
     argv = ([sys.executable, "-c", LLM_DRIVER, model] if launcher == "llm" else
             [sys.executable, "-m", "minisgl", "--model", model, "--tp", "2", "--num-pages", "512",
              "--port", "0"])
@@ -598,8 +598,6 @@ def test_a_rank_dying_at_start_up_is_reported_and_nothing_is_left(launcher):
             assert child.popen.poll() is None, child.output
             assert time.monotonic() < deadline, child.output
             time.sleep(0.01)
-        # At once: forked from a forkserver that has torch already, a rank loads its weights and
-        # meets the other rank within a second.
         everyone = descendants_of(child.popen.pid)
         os.kill(ranks[1], signal.SIGKILL)  # scheduler-rank1: started second
         killed = time.monotonic()
