@@ -89,9 +89,10 @@ def workers_of(pid: int) -> list[int]:
     itself, nor the resource tracker."""
     started = []
     for child in children_of(pid):
-        if "multiprocessing.forkserver" in cmdline(child):
+        command = cmdline(child)
+        if "multiprocessing.forkserver" in command:
             started += children_of(child)
-        elif "spawn_main" in cmdline(child):
+        elif "spawn_main" in command:
             started.append(child)
     found = [(int(stat[19]), p) for p in started if (stat := proc_stat(p)) is not None]
     return [p for _, p in sorted(found)]  # field 22 of stat: start time
