@@ -1,7 +1,9 @@
 """Chapter 10: chunked prefill. A prompt longer than max_prefill_length is cut into chunks that
 stay at the head of the queue, keep their row and locked prefix, and reserve their remaining
-pages before later requests; a chunk alternates with a decode step when requests are running
-and chunks run back to back otherwise; every prompt token is computed once; randomized
+pages before later requests; running requests ride in every chunk's step (a mixed batch),
+each taking its token in every step, and chunks run back to back; every prompt token is
+computed once (a running request's token is no prompt token); the torch backend pads a mixed
+batch's one-token rows apart from its prompts; randomized
 workloads with chunking (on top of chapter 9's caches and tight pools) give each request what
 it gives alone and leak nothing."""
 
@@ -11,7 +13,9 @@ import random
 import re
 
 import pytest
+import torch
 
+from attention_helpers import Setup, dense_causal_reference
 from conftest import SMOLLM2, TINY_QWEN3
 from minisgl.core import Req
 from minisgl.scheduler.prefill import ChunkedReq
@@ -82,16 +86,18 @@ def test_budget_spent_exactly_admits_nothing_more():
 
 # --- chunks and decode steps ----------------------------------------------------------------------
 
-def test_chunked_prefill_alternates_with_decode(monkeypatch):
+def test_running_requests_take_a_token_in_every_step_of_a_long_prompt(monkeypatch):
     rng = random.Random(3)
     short, long = random_ids(rng, 5), random_ids(rng, 30)
     s = make_scheduler(TINY_QWEN3, page_size=4, num_page_override=64, max_prefill_length=8)
     log = record_batches(s, monkeypatch)
     outputs = drive(s, [Arrival(0, 0, short, 20), Arrival(1, 1, long, 3)])
     chunk_steps = [i for i, r in enumerate(log) if r.chunked]
-    assert len(chunk_steps) == 3  # 30 tokens in chunks of 8: 3 chunks, then the last 6
-    for i in chunk_steps:
-        assert log[i + 1].phase == "decode", log
+    assert chunk_steps == [1, 2, 3]  # 30 tokens in chunks of 8, back to back; then the last 6
+    for i in chunk_steps:  # request 0 rides along: one token on its cached prefix
+        assert log[i].phase == "prefill" and log[i].reqs[0] == (0, 4 + i, 5 + i, "Req"), log
+    # No step passes without request 0 until it finishes: 20 tokens in 20 steps.
+    assert [i for i, r in enumerate(log) if 0 in r.uids] == list(range(20))
     assert [o.token for o in outputs[0]] == reference(TINY_QWEN3, short)
     assert [o.token for o in outputs[1]] == reference(TINY_QWEN3, long)[:3]
 
@@ -108,10 +114,10 @@ def test_chunked_prefill_runs_chunks_back_to_back_when_nothing_decodes(monkeypat
 
 def test_chunked_prefill_computes_each_prompt_token_once():
     rng = random.Random(5)
-    ids = random_ids(rng, 37)
+    ids, other = random_ids(rng, 37), random_ids(rng, 3)
     s = make_scheduler(TINY_QWEN3, page_size=2, num_page_override=64, max_prefill_length=5)
-    drive(s, [Arrival(0, 0, ids, 4)])
-    assert s.prefill_computed_tokens == 37
+    drive(s, [Arrival(0, 0, other, 12), Arrival(1, 1, ids, 4)])  # 0 decodes in 1's chunks
+    assert s.prefill_computed_tokens == 3 + 37
 
 
 # --- randomized runs ------------------------------------------------------------------------------
@@ -160,3 +166,20 @@ def test_example_cuts_a_100_token_prompt_and_keeps_its_output(hf_model, hf_greed
     assert [(int(b), int(n)) for b, n, _ in rows] == [(8192, 1), (40, 3), (16, 7)]
     want = hf_greedy(hf_model(SMOLLM2), list(range(1000, 1100)), 6)
     assert [ast.literal_eval(tokens) for *_, tokens in rows] == [want] * 3
+
+
+# --- the torch backend on a mixed batch -----------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_torch_backend_pads_a_mixed_batch_s_decode_rows_apart_from_its_prompts(seed):
+    setup = Setup(seed, page_size=4, q_per_kv=2, min_len=2)
+    assert len(setup.seqs) >= 2
+    # Every other request decodes one token on its cached prefix; the others are prompts.
+    spans = [(s, s.length - 1, s.length) if i % 2 == 0 else (s, 0, s.length)
+             for i, s in enumerate(setup.seqs)]
+    setup.forward([(s, 0, cached) for s, cached, _ in spans if cached > 0])
+    out, batch = setup.forward(spans)
+    torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
+    decode_rows, prompts = batch.attn_metadata.groups
+    assert decode_rows.mask.shape[:3] == ((len(spans) + 1) // 2, 1, 1)
+    assert prompts.mask.shape[0] == len(spans) // 2

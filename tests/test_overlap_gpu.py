@@ -27,7 +27,6 @@ import torch
 from minisgl.core import SamplingParams
 from minisgl.engine import Engine
 from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.prefill import ChunkedReq
 
 CHAPTER = 11  # tools/steps.py check runs this module on chapter 11's own tree
 
@@ -182,7 +181,8 @@ def serve(model_dir: Path, overlap: bool) -> tuple[dict[int, list[tuple[int, boo
                 if CAN_ABORT and out.uid == ABORTED and len(outputs[ABORTED]) == ABORT_AFTER:
                     assert scheduler.abort(ABORTED)
                     seen["aborted"] = True
-            seen["chunked"] += scheduler.last_batch_chunked
+            pending = scheduler.prefill.pending  # a prompt cut in this step waits at the head
+            seen["chunked"] += bool(pending and pending[0].chunk is not None)
             step += 1
             assert step < 1000, "no progress"
         # Every page and row came back: free, or (radix) cached and unlocked.

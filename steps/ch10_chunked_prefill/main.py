@@ -1,6 +1,7 @@
-"""第 10 章：分块 prefill。一个长提示词在 2 个请求 decode 到一半时到达；max_prefill_length=32，
-它被切成若干块，一块一步，块与块之间插一步 decode，已经在跑的请求不会被它卡住。打印每一步算了
-什么；最后所有请求的输出都要与不分块时相同，也与 transformers 单独运行一致。
+"""第 10 章：分块 prefill 与混合 batch。一个长提示词在 2 个请求 decode 到一半时到达；
+max_prefill_length=32，它被切成若干块，一块一步；正在 decode 的请求搭进同一步（混合 batch），
+每一步照样各拿一个 token，不会被它卡住。打印每一步算了什么；最后所有请求的输出都要与不分块时
+相同，也与 transformers 单独运行一致。
 """
 
 import sys
@@ -33,25 +34,33 @@ def run(path: Path, prompts: list[list[int]], max_prefill_length: int, show: boo
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     for uid in (0, 1):
         scheduler.add_request(uid, prompts[uid], params)
-    step = 0
+    step, chunk_end, stalled = 0, 0, 0
     while scheduler.has_work:
         if step == 3:  # 两个短请求正在 decode 时，长提示词到达
             scheduler.add_request(2, prompts[2], params)
         results = scheduler.step()
         for r in results:
             outputs[r.uid].append(r.token)
+        pending = scheduler.prefill.pending
+        chunk = pending[0].chunk if pending else None  # 切了一半的长提示词，块尾就是它的 cached_len
+        what = []
+        if chunk is not None and chunk.cached_len > chunk_end:
+            chunk_end = chunk.cached_len
+            what.append(f"长提示词的一块（算到第 {chunk_end} 个 token）")
+            # 这一步算了一块：还没结束的短请求也必须各拿到一个 token
+            running = [uid for uid in (0, 1) if len(outputs[uid]) < MAX_TOKENS]
+            stalled += any(uid not in [r.uid for r in results] for uid in running)
+        for r in results:
+            if len(outputs[r.uid]) == 1:
+                what.append(f"长提示词的最后一块（{len(prompts[2])} 个 token 算完，采样出第 1 个）"
+                            if r.uid == 2 else f"prefill 请求 {r.uid}")
+        decoded = [r.uid for r in results if len(outputs[r.uid]) > 1]
+        if decoded:
+            what.append(f"decode 请求 {decoded}")
         if show:
-            if scheduler.last_batch_chunked:  # 这一步算的是长提示词的一块，块尾就是它的 cached_len
-                done = scheduler.prefill.pending[0].chunk.cached_len
-                what = f"prefill 长提示词的一块，已算到第 {done} 个 token"
-            elif 2 in [r.uid for r in results] and len(outputs[2]) == 1:
-                what = f"prefill 长提示词的最后一块，{len(prompts[2])} 个 token 算完，采样出第 1 个"
-            else:
-                first = all(len(outputs[r.uid]) == 1 for r in results)
-                what = f"{'prefill' if first else 'decode'} 请求 {[r.uid for r in results]}"
-            print(f"  第 {step:2d} 步 {what}")
+            print(f"  第 {step:2d} 步 {' + '.join(what)}")
         step += 1
-    return outputs, scheduler.prefill_computed_tokens
+    return outputs, scheduler.prefill_computed_tokens, stalled
 
 
 def main() -> int:
@@ -59,10 +68,11 @@ def main() -> int:
     path, tokenizer = MODELS / name, AutoTokenizer.from_pretrained(MODELS / name)
     prompts = [tokenizer(p).input_ids for p in SHORT + [LONG]]
     print(f"[{name}] 长提示词 {len(prompts[2])} 个 token，max_prefill_length=32")
-    chunked, computed_chunked = run(path, prompts, 32, show=True)
-    whole, computed_whole = run(path, prompts, 8192, show=False)
+    chunked, computed_chunked, stalled = run(path, prompts, 32, show=True)
+    whole, computed_whole, _ = run(path, prompts, 8192, show=False)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    failed = chunked != whole or computed_chunked != computed_whole
+    failed = chunked != whole or computed_chunked != computed_whole or stalled > 0
+    print(f"  算块的那些步里，在跑的请求停下了 {stalled} 步")
     print(f"  分块与不分块：输出相同 {chunked == whole}，prefill 共计算 "
           f"{computed_chunked} / {computed_whole} 个 token")
     for uid, ids in enumerate(prompts):

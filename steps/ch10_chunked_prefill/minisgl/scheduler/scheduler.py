@@ -23,9 +23,10 @@ class TokenOutput(NamedTuple):
 
 
 class Scheduler:
-    """Chooses what the engine computes at each step: new requests' prompts first (prefill),
-    otherwise one more token for every running request (decode). Requests join and leave the
-    running set between steps while the others carry on: continuous batching."""
+    """Chooses what the engine computes at each step: new requests' prompts (prefill), with
+    one more token for every running request in the same batch (a mixed batch), otherwise that
+    token alone (decode). Requests join and leave the running set between steps while the
+    others carry on: continuous batching."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.engine = Engine(config)
@@ -37,7 +38,6 @@ class Scheduler:
                                       config.max_prefill_length)
         self.eos_token_ids = read_eos_token_ids(config.model_path)
         self.prefill_computed_tokens = 0  # prompt tokens actually computed (statistics)
-        self.last_batch_chunked = False
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
                     sampling_params: SamplingParams) -> None:
@@ -54,25 +54,29 @@ class Scheduler:
 
     def step(self) -> list[TokenOutput]:
         """Schedule one batch, run it, and report each request's new token."""
-        # Prefill first, except right after a chunk of a long prompt: then running requests
-        # get a decode step, so a long prompt cannot stall them for many steps.
-        if self.last_batch_chunked and self.decode.runnable:
-            batch = self.decode.schedule_next_batch()
-        else:
-            batch = self.prefill.schedule_next_batch() or self.decode.schedule_next_batch()
+        batch = self._schedule()
         if batch is None:
             return []
-        self.last_batch_chunked = any(isinstance(r, ChunkedReq) for r in batch.reqs)
         self._prepare(batch)
         output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
         return self._process(batch, output)
+
+    def _schedule(self) -> Batch | None:
+        """Prompts first, and the running requests ride along: a prompt, or a long prompt's
+        chunks, would otherwise stall every running request for as many steps as it takes.
+        For the engine a running request is one more prefill of one token on a cached prefix."""
+        prefill = self.prefill.schedule_next_batch()
+        if prefill is None:
+            return self.decode.schedule_next_batch()
+        return Batch([*self.decode.running, *prefill.reqs], "prefill")
 
     def _prepare(self, batch: Batch) -> None:
         """Slots for the new tokens, then the flat token tensors and the attention metadata."""
         self.cache.allocate(batch.reqs)
         device, reqs = self.engine.device, batch.reqs
-        if batch.is_prefill:
-            self.prefill_computed_tokens += sum(r.extend_len for r in reqs)
+        if batch.is_prefill:  # its running requests compute one token each, not a prompt
+            self.prefill_computed_tokens += sum(r.extend_len for r in reqs
+                                                if r not in self.decode.running)
         batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs]
                                     ).to(device, torch.long)
         batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]
@@ -93,10 +97,9 @@ class Scheduler:
                 token in self.eos_token_ids and not req.sampling_params.ignore_eos)
             results.append(TokenOutput(req.uid, token, finished))
             if finished:
-                if batch.is_decode:
-                    self.decode.remove(req)
+                self.decode.remove(req)
                 self._free(req)
-            elif batch.is_prefill:
+            elif req not in self.decode.running:  # its prompt is complete: it starts decoding
                 self.cache.cache_req(req, finished=False)  # later requests may share its prompt
                 self.decode.add(req)
         return results

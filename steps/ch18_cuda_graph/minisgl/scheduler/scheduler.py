@@ -56,9 +56,10 @@ class StepTimes:
 
 
 class Scheduler:
-    """Chooses what the engine computes at each step: new requests' prompts first (prefill),
-    otherwise one more token for every running request (decode). Requests join and leave the
-    running set between steps while the others carry on: continuous batching.
+    """Chooses what the engine computes at each step: new requests' prompts (prefill), with
+    one more token for every running request in the same batch (a mixed batch), otherwise that
+    token alone (decode). Requests join and leave the running set between steps while the
+    others carry on: continuous batching.
 
     With overlap, step() launches batch i+1 before it reads batch i's tokens, so the host's
     work (scheduling, metadata, bookkeeping) runs while the device computes. That is possible
@@ -81,7 +82,6 @@ class Scheduler:
         self.in_flight: InFlight | None = None
         self.finished: set[Req] = set()  # done, but still inside the batch in flight
         self.prefill_computed_tokens = 0  # prompt tokens actually computed (statistics)
-        self.last_batch_chunked = False
         self.step_times = {"prefill": StepTimes(), "decode": StepTimes()}
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
@@ -116,28 +116,27 @@ class Scheduler:
         return tokens
 
     def _schedule(self) -> Batch | None:
-        # Prefill first, except right after a chunk of a long prompt: then running requests
-        # get a decode step, so a long prompt cannot stall them for many steps.
-        if self.last_batch_chunked and self.decode.runnable:
-            batch = self.decode.schedule_next_batch()
-        else:
-            batch = self.prefill.schedule_next_batch() or self.decode.schedule_next_batch()
-        if batch is not None:
-            self.last_batch_chunked = any(isinstance(r, ChunkedReq) for r in batch.reqs)
-        return batch
+        """Prompts first, and the running requests ride along: a prompt, or a long prompt's
+        chunks, would otherwise stall every running request for as many steps as it takes.
+        For the engine a running request is one more prefill of one token on a cached prefix."""
+        prefill = self.prefill.schedule_next_batch()
+        if prefill is None:
+            return self.decode.schedule_next_batch()
+        return Batch([*self.decode.running, *prefill.reqs], "prefill")
 
     def _launch(self, batch: Batch) -> InFlight:
         """Pages for the batch's new tokens, then the engine computes it (graph or not)."""
         self.cache.allocate(batch.reqs)
-        if batch.is_prefill:
-            self.prefill_computed_tokens += sum(r.extend_len for r in batch.reqs)
+        if batch.is_prefill:  # its running requests compute one token each, not a prompt
+            self.prefill_computed_tokens += sum(r.extend_len for r in batch.reqs
+                                                if r not in self.decode.running)
         # A partial prompt's sampled token means nothing: it must not reach the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
         launched = self.engine.launch(batch, sampled)  # also advances each req's lengths
         for req in batch.reqs:  # lengths are known now, the tokens later
             if isinstance(req, ChunkedReq):
                 continue
-            if batch.is_prefill:  # its prompt is on the host: share it before the next step
+            if req not in self.decode.running:  # its prompt is complete: share it now
                 self.cache.cache_req(req, finished=False)
             if req.can_decode and req not in self.finished:
                 self.decode.add(req)

@@ -186,9 +186,9 @@ class PhaseRow:
 
 def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, dtype_bytes: int,
               hw: Hardware) -> list[PhaseRow]:
-    """Prefill first, then decode by batch size. This engine never mixes phases in a step: a
-    prefill batch holds prompt tokens only (chunks included), a decode batch one token per
-    running request."""
+    """Prefill first, then decode by batch size. A prefill step computes prompt tokens (chunks
+    included) and, in the same batch, one token of every running request (chapter 10's mixed
+    batch); a decode step only the latter."""
     rows: dict[tuple[int, str], PhaseRow] = {}
     for step, measured in zip(steps, seconds, strict=True):
         key = (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
