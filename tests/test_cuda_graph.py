@@ -21,6 +21,7 @@ from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import GraphRunner, capture_batch_sizes
 from minisgl.kvcache import MHAKVPool
 from minisgl.llm import LLM
+from scheduler_helpers import make_scheduler
 
 CHAPTER = 18  # tools/steps.py check runs this module on chapter 18's own tree
 
@@ -77,6 +78,29 @@ def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
              overlap=False)
     # One prefill of 3 prompts, then 4 decode steps of 3 requests, each padded to 4.
     assert replays == [(3, 4)] * 4
+
+
+def test_with_overlap_the_batch_in_flight_is_read_before_a_prefill_is_launched(monkeypatch):
+    # A decode graph launches in no time: the next decode batch is launched first, then the
+    # one in flight read (overlap). An eager prefill's launch takes as long as its compute:
+    # the batch in flight is read first, so its tokens do not wait for that launch.
+    s = make_scheduler(TINY_QWEN3, overlap=True, cuda_graph="emulate")
+    events: list[tuple[str, str]] = []
+    launch, process = s._launch, s._process
+    monkeypatch.setattr(s, "_launch", lambda batch: events.append(("launch", batch.phase))
+                        or launch(batch))
+    monkeypatch.setattr(s, "_process", lambda done, next_reqs: events.append(
+        ("read", done.batch.phase)) or process(done, next_reqs))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    s.add_request(0, [1, 2, 3], params)
+    for step in range(4):
+        if step == 2:
+            s.add_request(1, [4, 5, 6], params)
+        s.step()
+    assert events == [("launch", "prefill"),
+                      ("launch", "decode"), ("read", "prefill"),
+                      ("read", "decode"), ("launch", "prefill"),  # request 0 rides along
+                      ("launch", "decode"), ("read", "prefill")]
 
 
 def forgetful_replay(skip: str):

@@ -116,7 +116,7 @@ def test_no_host_sync_inside_a_step(models_dir, name):
                 in_flight = launch_one_batch(scheduler)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-            scheduler._process(in_flight, None)
+            scheduler._process(in_flight, [])
     finally:
         llm.shutdown()
 
