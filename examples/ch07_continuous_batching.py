@@ -1,5 +1,6 @@
 """第 7 章示例：连续批处理。page table 只有 2 行，4 个请求在不同的步到达：有空行的新请求先
-prefill，否则在跑的请求一起 decode；谁的 max_tokens 用完谁就离开，空出的行马上给排队的请求。"""
+prefill，否则在跑的请求一起 decode；谁的 max_tokens 用完谁就离开，空出的行马上给排队的请求。
+第 10 章起，在跑的请求搭进新请求的 prefill 步（混合 batch），第 3 步里 B 也拿到一个 token。"""
 
 import os
 

@@ -19,6 +19,7 @@ import torch
 from conftest import MODELS_DIR, TINY_LLAMA, TINY_QWEN3
 from minisgl.core import Req, SamplingParams, set_global_ctx
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
+from minisgl.scheduler import prefill as prefill_module
 from minisgl.scheduler.prefill import PendingReq
 
 VOCAB = 49152  # both tiny models
@@ -26,6 +27,9 @@ REF_TOKENS = 20  # references are computed once per prompt for this many tokens 
 # request with max_tokens=m gives the first m of them)
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)}
+# From chapter 10 (chunked prefill) on, running requests ride in every prefill step, one token
+# each (a mixed batch); the tests of chapters 7-9 also run on the final package.
+MIXED_BATCHES = hasattr(prefill_module, "ChunkedReq")
 # Chapter 9's prefix cache off: the tests of chapters 7 and 8 pass this (empty before chapter 9).
 NO_PREFIX_SHARING = {"cache_type": "naive"} if "cache_type" in CONFIG_FIELDS else {}
 

@@ -50,11 +50,12 @@ def run(path: Path, prompts: list[list[int]], max_prefill_length: int, show: boo
             # 这一步算了一块：还没结束的短请求也必须各拿到一个 token
             running = [uid for uid in (0, 1) if len(outputs[uid]) < MAX_TOKENS]
             stalled += any(uid not in [r.uid for r in results] for uid in running)
-        for r in results:
-            if len(outputs[r.uid]) == 1:
-                what.append(f"长提示词的最后一块（{len(prompts[2])} 个 token 算完，采样出第 1 个）"
-                            if r.uid == 2 else f"prefill 请求 {r.uid}")
+        started = [r.uid for r in results if len(outputs[r.uid]) == 1]
         decoded = [r.uid for r in results if len(outputs[r.uid]) > 1]
+        if 2 in started:
+            what.append(f"长提示词的最后一块（{len(prompts[2])} 个 token 算完，采样出第 1 个）")
+        if [uid for uid in started if uid != 2]:
+            what.append(f"prefill 请求 {[uid for uid in started if uid != 2]}")
         if decoded:
             what.append(f"decode 请求 {decoded}")
         if show:
