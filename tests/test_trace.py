@@ -195,6 +195,14 @@ def test_every_page_allocated_is_returned_to_the_cache_or_freed(trace):
         assert allocated[uid] > 0 and allocated[uid] == returned[uid], uid
 
 
+def test_every_request_is_admitted_once(trace):
+    # A running request riding in a prefill step (chapter 10's mixed batch) is not admitted
+    # again, even when its cached length equals the prefix it locked after its prompt.
+    _, events = _by_process(trace)
+    queued = sorted(e["args"]["uid"] for e in events if e["name"] == "queued")
+    assert sorted(e["args"]["uid"] for e in events if e["name"] == "admit") == queued
+
+
 def test_the_shared_prompt_prefix_is_a_radix_hit(trace):
     _, events = _by_process(trace)
     hits = [e["args"]["hit"] for e in events if e["name"] == "admit"]
@@ -263,6 +271,29 @@ def test_llm_trace_records_every_step(tmp_path):
     assert Counter(u for e in steps if e["name"] == "decode" for u in e["args"]["uids"]) == \
         {0: 2, 1: 2}
     assert not path.with_name("llm.json.parts").exists()
+
+
+def test_a_request_riding_in_a_prefill_step_is_not_admitted_again(tmp_path):
+    import torch
+
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    # The second prompt shares 40+ tokens with the first: it waits a step for them to be
+    # cached, and the first then rides in its prefill (chapter 10's mixed batch) with a cached
+    # length equal to the prefix it locked when its prompt was done (page size 1).
+    shared = "In the beginning the universe was created. " * 6
+    path = tmp_path / "llm.json"
+    llm = LLM(str(MODEL), dtype=torch.float32, max_running_req=4, num_page_override=512,
+              max_seq_len_override=256, page_size=1, trace=str(path))
+    try:
+        llm.generate([shared + "Yes", shared + "No"], SamplingParams(max_tokens=3, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    events = json.loads(path.read_text())["traceEvents"]
+    steps = [e["args"]["uids"] for e in events if e["name"] in ("prefill", "decode")]
+    assert steps[:2] == [[0], [0, 1]]
+    assert sorted(e["args"]["uid"] for e in events if e["name"] == "admit") == [0, 1]
 
 
 def test_a_trace_file_in_a_missing_directory_is_refused_before_loading(tmp_path, capsys):

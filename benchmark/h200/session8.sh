@@ -15,11 +15,7 @@ M=models/qwen3-0.6b-random
 W="--device cuda --model $M --num-requests 400 --input-len 1024 --output-len 256"
 case $part in
 serving)
-    {
-        lscpu | grep -E "^(Model name|CPU\(s\)|CPU MHz|L3 cache)"
-        python3 -c "import time; t = time.perf_counter(); sum(i * i for i in range(10**7)); \
-print(f'host speed: {time.perf_counter() - t:.2f} s for sum(i * i for i in range(10**7))')"
-    } > $R/host.txt 2>&1
+    host_speed > $R/host.txt 2>&1
     for i in 1 2 3; do
         timeout 180 python3 benchmark/online.py $W --rates 16 inf --compare-offline \
             --json $R/run$i.json > $R/run$i.txt 2>&1

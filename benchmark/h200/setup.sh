@@ -1,4 +1,13 @@
 # Sourced by the session scripts: the carried wheels, then the random Qwen3-0.6B-shaped model.
+
+# The lent machine's host and how fast it runs a fixed pure-Python loop: runs on different
+# machines compare by it (the host's speed moves the serving floors, chapter 15).
+host_speed() {
+    lscpu | grep -E "^(Model name|CPU\(s\)|CPU MHz|L3 cache)"
+    python3 -c "import time; t = time.perf_counter(); sum(i * i for i in range(10**7)); \
+print(f'host speed: {time.perf_counter() - t:.2f} s for sum(i * i for i in range(10**7))')"
+}
+
 # Once per call: a script sourced by another finds it done. A later call on the same warm
 # machine carries no wheels (what a call carried is gone at the next): it finds them installed.
 if [ -z "${H200_READY:-}" ]; then

@@ -44,18 +44,18 @@ def run(path: Path, prompts: list[list[int]], max_prefill_length: int, show: boo
         pending = scheduler.prefill.pending
         chunk = pending[0].chunk if pending else None  # 切了一半的长提示词，块尾就是它的 cached_len
         what = []
+        started = [r.uid for r in results if len(outputs[r.uid]) == 1]
+        decoded = [r.uid for r in results if len(outputs[r.uid]) > 1]
         if chunk is not None and chunk.cached_len > chunk_end:
             chunk_end = chunk.cached_len
             what.append(f"长提示词的一块（算到第 {chunk_end} 个 token）")
-            # 这一步算了一块：还没结束的短请求也必须各拿到一个 token
-            running = [uid for uid in (0, 1) if len(outputs[uid]) < MAX_TOKENS]
-            stalled += any(uid not in [r.uid for r in results] for uid in running)
-        started = [r.uid for r in results if len(outputs[r.uid]) == 1]
-        decoded = [r.uid for r in results if len(outputs[r.uid]) > 1]
         if 2 in started:
             what.append(f"长提示词的最后一块（{len(prompts[2])} 个 token 算完，采样出第 1 个）")
-        if [uid for uid in started if uid != 2]:
-            what.append(f"prefill 请求 {[uid for uid in started if uid != 2]}")
+        if what:  # 这一步算了长提示词的一块：还没结束的短请求也必须各拿到一个 token
+            got = {r.uid for r in results}
+            stalled += any(uid not in got for uid in (0, 1) if len(outputs[uid]) < MAX_TOKENS)
+        if short := [uid for uid in started if uid != 2]:
+            what.append(f"prefill 请求 {short}")
         if decoded:
             what.append(f"decode 请求 {decoded}")
         if show:

@@ -99,7 +99,7 @@ class Scheduler:
             if finished:
                 self.decode.remove(req)
                 self._free(req)
-            elif req not in self.decode.running:  # its prompt is complete: it starts decoding
+            elif batch.is_prefill and req not in self.decode.running:  # it starts decoding
                 self.cache.cache_req(req, finished=False)  # later requests may share its prompt
                 self.decode.add(req)
         return results

@@ -141,7 +141,7 @@ class Scheduler:
         for req in batch.reqs:  # lengths are known now, the tokens later
             if isinstance(req, ChunkedReq):
                 continue
-            if req not in self.decode.running:  # its prompt is complete: share it now
+            if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
                 self.cache.cache_req(req, finished=False)
             if req.can_decode and req not in self.finished:
                 self.decode.add(req)

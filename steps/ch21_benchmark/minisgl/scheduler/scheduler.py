@@ -146,7 +146,7 @@ class Scheduler:
         for req in batch.reqs:  # lengths are known now, the tokens later
             if isinstance(req, ChunkedReq):
                 continue
-            if req not in self.decode.running:  # its prompt is complete: share it now
+            if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
                 self._cache_req(req, finished=False)
             if req.can_decode and req not in self.finished:
                 self.decode.add(req)
@@ -248,8 +248,10 @@ class Scheduler:
         traced: dict[str, list[int]] = {"uids": [], "tokens": [], "pages": []}
         for req in batch.reqs:
             pages = pages_for(req.device_len, size) - pages_for(req.cached_len, size)
-            # A first chunk starts where its matched prefix ends; later chunks start beyond.
-            if batch.is_prefill and self.cache.handles[req].cached_len == req.cached_len:
+            # A first chunk starts where its matched prefix ends; later chunks start beyond. A
+            # running request riding along may start where its own cached prompt ends: skip it.
+            if (batch.is_prefill and req not in self.decode.running
+                    and self.cache.handles[req].cached_len == req.cached_len):
                 trace.instant("admit", uid=req.uid, row=req.table_idx, hit=req.cached_len,
                               prompt_tokens=len(req.input_ids), pages=pages)
             traced["uids"].append(req.uid)
