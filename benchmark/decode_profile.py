@@ -1,13 +1,16 @@
 """一个 decode 步的时间花在哪：batch 256，每个注意力后端各测一次，同一次运行里并排（GPU）。
 
 256 个请求（随机提示词 --prompt-len 个 token）全部 prefill 完之后，调度器每一步都是 256 个
-请求的 decode。先跑几步热身，再用 torch.profiler 记录 --steps 步：
-- 墙钟：每步的主机时间（步与步之间不同步，测的是稳态）；
-- GPU：每步 kernel 时间之和，按类别分开（注意力、矩阵乘、norm/RoPE/激活、KV 写入/gather、其余）；
+请求的 decode。先跑几步热身，再跑 --steps 步量墙钟，然后用 torch.profiler（只记 GPU）再记 --steps 步：
+- 墙钟：每步的主机时间（步与步之间不同步，测的是稳态；不开 profiler）；
+- GPU：每步 kernel 时间之和，按类别分开（采样、注意力、矩阵乘、norm/RoPE/激活、KV 写入/gather、其余）；
 - 每步发射的 kernel 个数。
-GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。
+GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。--temperature 大于 0
+时按温度采样（官方负载用 0.6），默认贪心；--page-size 默认 16（官方负载用 256）。
 
     python benchmark/decode_profile.py --model models/qwen3-0.6b-random --attn torch flashinfer
+    python benchmark/decode_profile.py --attn flashinfer --prompt-len 1024 --temperature 0.6 \\
+        --page-size 256 --custom-kernels auto off --top 30
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from minisgl.llm import LLM
 from report import columns, pad
 
 CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kernels are not attention
+    # the sampler: chapter 19's kernel, or the reference's argmax, softmax over the vocabulary
+    # (cunn_SoftMax: rows longer than 1,024) and multinomial's exponential draws
+    ("采样", re.compile(r"sample_kernel|ArgMax|cunn_SoftMax|distribution_", re.I)),
     ("注意力", re.compile(r"BatchDecode|BatchPrefill|MergeStates|fmha|flash_fwd|attention|softmax"
                         r"|sdpa", re.I)),
     ("矩阵乘", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul", re.I)),
@@ -40,15 +46,17 @@ def category(name: str) -> str:
 
 
 def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int,
-                    custom_kernels: str = "auto") -> dict:
+                    custom_kernels: str = "auto", temperature: float = 0.0,
+                    page_size: int = 16) -> dict:
     llm = LLM(model, dtype=torch.bfloat16, attention_backend=attn, max_running_req=batch,
-              page_size=16, max_seq_len_override=prompt_len + 512, device="cuda",
+              page_size=page_size, max_seq_len_override=prompt_len + 512, device="cuda",
               custom_kernels=custom_kernels)
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(0)
     for uid in range(batch):
         scheduler.add_request(uid, torch.randint(0, 10000, (prompt_len,), generator=gen),
-                              SamplingParams(max_tokens=400, ignore_eos=True))
+                              SamplingParams(max_tokens=400, ignore_eos=True,
+                                             temperature=temperature))
     def decoding() -> bool:
         flight = scheduler.in_flight
         return flight is not None and flight.batch.is_decode and not scheduler.prefill.runnable
@@ -58,13 +66,16 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
     for _ in range(5):  # warm-up decode steps
         scheduler.step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
+    start = time.perf_counter()
+    for _ in range(steps):
+        scheduler.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         sizes = []
         for _ in range(steps):
             sizes.append(scheduler.in_flight.batch.size)  # type: ignore[union-attr]
             scheduler.step()
-        wall = (time.perf_counter() - start) / steps
         torch.cuda.synchronize()
     gpu: Counter[str] = Counter()
     kernels: Counter[str] = Counter()  # GPU ms per step of each kernel name
@@ -89,6 +100,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--custom-kernels", nargs="+", default=["auto"],
                         choices=["auto", "off"], help="chapter 19's kernels, each a row")
     parser.add_argument("--top", type=int, default=0,
@@ -102,9 +115,11 @@ def main() -> int:
         for mode in args.custom_kernels:
             name = f"--attn {attn}" + (f" 自写kernel {mode}" if len(args.custom_kernels) > 1 else "")
             results[name] = profile_backend(args.model, attn, args.batch, args.prompt_len,
-                                            args.steps, mode)
+                                            args.steps, mode, args.temperature, args.page_size)
+    sampling = f"温度 {args.temperature:g} 采样" if args.temperature > 0 else "贪心"
     print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
-          f"bfloat16，{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
+          f"page_size {args.page_size}，{sampling}，bfloat16，{torch.cuda.get_device_name()}"
+          f"（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余"]
     header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
     width = max(18, *(columns(name) + 2 for name in results))

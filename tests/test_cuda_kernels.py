@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +147,134 @@ def test_qk_norm_rope_declines_a_head_size_it_is_not_written_for(emulate):
     want_q = rms_norm(before.view(3, 2, 96), weights, 1e-6).flatten(1)
     apply_rotary_inplace(positions, want_q, torch.zeros(3, 0), 96, cache)
     assert torch.allclose(got_q, want_q)
+
+
+# --- sampling: a reference of the kernel's arithmetic, from the Philox paper, in numpy ---
+
+PHILOX_MULTIPLIERS, PHILOX_KEY_STEPS = (0xD2511F53, 0xCD9E8D57), (0x9E3779B9, 0xBB67AE85)
+
+
+def philox(counter: list, key: tuple[int, int]) -> list[np.ndarray]:
+    """Philox4x32-10 of Salmon et al. (SC'11) on arrays of counters (four uint32 words)."""
+    low = np.uint64(0xFFFFFFFF)
+    c = [np.asarray(word, dtype=np.uint64) for word in counter]
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = np.uint64(PHILOX_MULTIPLIERS[0]) * c[0], np.uint64(PHILOX_MULTIPLIERS[1]) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & low,
+             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & low]
+        k0, k1 = (k0 + PHILOX_KEY_STEPS[0]) & 0xFFFFFFFF, (k1 + PHILOX_KEY_STEPS[1]) & 0xFFFFFFFF
+    return [word.astype(np.uint32) for word in c]
+
+
+def gumbel_max_reference(logits: torch.Tensor, temperatures: list[float], seed: int,
+                         draw: int) -> list[int]:
+    """What the kernel computes, written out: key = logit / T - log(-log u) in float32, with u
+    from Philox over (column // 4, row, draw) under the seed; argmax of the keys."""
+    rows, vocab = logits.shape
+    values = logits.float().numpy()
+    col = np.arange(vocab)
+    tokens = []
+    for row, t in enumerate(temperatures):
+        if t == 0:
+            tokens.append(int(logits[row].float().argmax()))
+            continue
+        words = philox([col // 4, np.full(vocab, row), np.full(vocab, draw & 0xFFFFFFFF),
+                        np.full(vocab, draw >> 32)], (seed & 0xFFFFFFFF, seed >> 32))
+        bits = np.choose(col % 4, words)
+        u = ((bits >> 8).astype(np.float32) + np.float32(0.5)) * np.float32(1 / 16777216)
+        inv_t = np.float32(1) / np.float32(t)
+        keys = values[row] * inv_t - np.log(-np.log(u))
+        tokens.append(int(np.argmax(keys)))
+    return tokens
+
+
+def test_the_philox_reference_gives_the_published_answers():
+    """Known-answer vectors of Random123, the paper's implementation: counter and key all 0,
+    all ones, and the digits of pi."""
+    ones = 0xFFFFFFFF
+    for counter, key, expected in [
+            ([0, 0, 0, 0], (0, 0), [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),
+            ([ones] * 4, (ones, ones), [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]),
+            ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], (0xA4093822, 0x299F31D0),
+             [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1])]:
+        assert [int(word) for word in philox(counter, key)] == expected
+
+
+def test_gumbel_max_draws_follow_the_softmax():
+    """The trick itself: 40,000 draws of the reference from one row of 6 logits at T = 0.7 land
+    on each token as often as softmax(logits / T) says (within 4 standard deviations)."""
+    logits = torch.tensor([[1.0, 0.5, -0.3, 2.0, 0.0, -1.5]]).expand(40_000, 6)
+    drawn = gumbel_max_reference(logits, [0.7] * 40_000, seed=11, draw=3)
+    counts = np.bincount(drawn, minlength=6)
+    p = torch.softmax(logits[0] / 0.7, dim=-1).numpy()
+    assert np.all(np.abs(counts - 40_000 * p) <= 4 * np.sqrt(40_000 * p * (1 - p)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("draw", [0, 7, 2**33 + 5])
+def test_sample_draws_what_the_reference_draws(emulate, dtype, draw):
+    """The emulated kernel against the reference, token for token: rows of temperature 0
+    (greedy) beside sampled ones, a vocabulary that is no multiple of 4, a 64-bit seed, rows
+    of a wider tensor (a slice of the columns)."""
+    gen = torch.Generator().manual_seed(draw % 1000)
+    logits = (torch.randn(5, 1001 + 3, generator=gen) * 3).to(dtype)[:, :1001]
+    temperatures = [0.6, 0.0, 1.0, 2.5, 0.05]
+    seed = 2**40 + 3
+    out = cuda_kernels.sample(logits, torch.tensor(temperatures), seed, draw)
+    assert out is not None and out.dtype == torch.int32
+    assert out.tolist() == gumbel_max_reference(logits, temperatures, seed, draw)
+
+
+def test_sample_greedy_rows_pick_what_argmax_picks(emulate):
+    """Temperature 0: the first of equal largest logits, a NaN ahead of any number, and a row
+    of -inf gives token 0, as torch.argmax."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0], [-inf] * 5, [0.0, 1.0, nan, 5.0, nan],
+                           [inf, 0.0, inf, -inf, 1.0]])
+    out = cuda_kernels.sample(logits, torch.zeros(4), seed=0, draw=0)
+    assert out is not None and out.tolist() == logits.argmax(dim=-1).tolist() == [1, 0, 2, 0]
+
+
+def test_sample_a_new_draw_number_draws_anew(emulate):
+    logits = torch.zeros(3, 64)  # uniform over 64 tokens: the uniforms alone decide
+    temperatures = torch.ones(3)
+    first = cuda_kernels.sample(logits, temperatures, seed=5, draw=0).tolist()
+    assert cuda_kernels.sample(logits, temperatures, seed=5, draw=0).tolist() == first
+    assert cuda_kernels.sample(logits, temperatures, seed=5, draw=1).tolist() != first
+    assert cuda_kernels.sample(logits, temperatures, seed=6, draw=0).tolist() != first
+    assert len(set(first)) > 1  # the rows draw apart
+
+
+@pytest.mark.parametrize("logits, temperatures", [
+    (torch.zeros(2, 8, dtype=torch.float16), torch.ones(2)),  # a dtype it is not built for
+    (torch.zeros(8, 2).t(), torch.ones(2)),  # columns not contiguous
+    (torch.zeros(2, 8), torch.ones(3)),  # a temperature per row, no more
+    (torch.zeros(2, 8), torch.ones(2, dtype=torch.float64)),
+    (torch.zeros(2, 0), torch.ones(2)),  # nothing to draw from
+])
+def test_sample_declines_tensors_it_does_not_take(emulate, logits, temperatures):
+    assert cuda_kernels.sample(logits, temperatures, seed=0, draw=0) is None
+
+
+def test_the_sampler_draws_with_the_kernel_unless_a_request_filters(emulate):
+    """Sampler.sample: the kernel for temperatures alone (each call a new draw number), the
+    reference ops when top-k or top-p filters; greedy batches never reach either."""
+    from minisgl.engine.sampler import Sampler, SamplingArgs
+
+    sampler = Sampler(torch.device("cpu"), vocab_size=32, seed=9)
+    logits = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    temperatures = torch.tensor([0.8, 0.0, 1.3, 0.5])
+    first = sampler.sample(logits, SamplingArgs(temperatures, None, None))
+    assert sampler.draws == 1
+    assert first.tolist() == gumbel_max_reference(logits, temperatures.tolist(), 9, 0)
+    second = sampler.sample(logits, SamplingArgs(temperatures, None, None))
+    assert sampler.draws == 2
+    assert second.tolist() == gumbel_max_reference(logits, temperatures.tolist(), 9, 1)
+    top_k, top_p = torch.full((4,), 32), torch.ones(4)
+    filtered = sampler.sample(logits, SamplingArgs(temperatures, top_k, top_p))
+    assert sampler.draws == 2 and filtered[1] == logits[1].argmax()
+    assert sampler.sample(logits, None).tolist() == logits.argmax(dim=-1).tolist()
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
     CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
-二、三个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE。
-    CPU 上跑模拟器，GPU 上跑真的 kernel；
+二、四个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
+    一遍读完 logits 的采样（Gumbel-max）。CPU 上跑模拟器，GPU 上跑真的 kernel；
 三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
     CPU 上（float32）还与 transformers 相同。
 """
@@ -86,7 +86,22 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     error = ((got - want).abs() / want.abs().clamp(min=1)).max().item()
     tolerance = 1e-5 if dtype == torch.float32 else 2 ** -7
     print(f"  qk_norm_rope：与参考的最大相对误差 {error:.2e}（容差 {tolerance:g}）")
-    return ok and error <= tolerance
+    ok &= error <= tolerance
+    # 采样：同一行 logits 复制 n 份，按 T = 0.7 各抽一次，每个 token 的次数应在 softmax(logits / T)
+    # 给出的期望的 4 个标准差以内（模拟器每个线程块起 512 个线程，CPU 上只抽 32 次）；温度 0 的行就是 argmax
+    n = 4096 if device == "cuda" else 32
+    row = torch.tensor([1.0, 0.5, -0.3, 2.0, 0.0, -1.5, 0.7, 1.2]).to(device, dtype)
+    temperatures = torch.full((n,), 0.7, device=device)
+    tokens = cuda_kernels.sample(row.expand(n, 8).contiguous(), temperatures, seed=0, draw=0)
+    counts = torch.bincount(tokens.long().cpu(), minlength=8).float()
+    expected = n * torch.softmax(row.float().cpu() / 0.7, dim=-1)
+    within = bool(((counts - expected).abs() <= 4 * (expected * (1 - expected / n)).sqrt()).all())
+    logits = torch.randn(4, 1000, generator=gen).to(device, dtype)
+    greedy = cuda_kernels.sample(logits, torch.zeros(4, device=device), seed=0, draw=0)
+    argmax = greedy is not None and torch.equal(greedy.long(), logits.argmax(dim=-1))
+    print(f"  sample：{n} 次抽取，各 token 的次数在期望的 4σ 以内：{within}；"
+          f"温度 0 的行等于 argmax：{argmax}")
+    return ok and within and argmax
 
 
 def generate(path: Path, mode: str, dtype: torch.dtype) -> list[list[int]]:

@@ -1,1 +1,1 @@
-../../../steps/ch17_gpu_attention/minisgl/engine/sampler.py
+../../../steps/ch19_cuda_kernels/minisgl/engine/sampler.py

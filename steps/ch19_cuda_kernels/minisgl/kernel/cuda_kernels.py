@@ -1,5 +1,5 @@
-"""Our own CUDA kernels (chapter 19) behind three reference ops: the KV store, the masked gather
-of the embedding, and Qwen3's q/k RMSNorm fused with RoPE. The mode is process-wide, set by the
+"""Our own CUDA kernels (chapter 19) behind four reference ops: the KV store, the masked gather
+of the embedding, Qwen3's q/k RMSNorm fused with RoPE, and sampling from the logits. The mode is process-wide, set by the
 Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on
 CPU tensors, "off" leaves every op to its reference. Tensors a kernel cannot take (another
 dtype, a layout it does not handle, shapes that do not match) go to the reference too, so the
@@ -9,7 +9,7 @@ instead of a kernel that reads out of bounds (the kernels trust every size they 
 from __future__ import annotations
 
 import ctypes
-from ctypes import c_float, c_int, c_int64, c_void_p
+from ctypes import c_float, c_int, c_int64, c_uint64, c_void_p
 
 import torch
 
@@ -24,6 +24,8 @@ _SIGNATURES = {
     "minisgl_masked_gather": [c_void_p] * 3 + [c_int64] * 4 + [c_void_p],
     "minisgl_qk_norm_rope": [c_void_p] * 2 + [c_int64] * 6 + [c_void_p] * 4 + [c_float, c_int,
                                                                              c_void_p],
+    "minisgl_sample": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p] + [c_uint64] * 2 + [c_int,
+                                                                              c_void_p],
 }
 
 
@@ -143,3 +145,22 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head
         return False
     _check(code, "qk_norm_rope")
     return True
+
+
+def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
+           draw: int) -> torch.Tensor | None:
+    """One token per row of logits [rows, vocab] (int32): a draw from softmax(row / temperature)
+    by the Gumbel-max trick, or the row's argmax where its temperature is 0. The draw's uniform
+    numbers are a function of (seed, draw, row, column): a new `draw` number, new numbers. None
+    when the kernel does not take these tensors."""
+    if not (logits.dtype in _DTYPES and logits.dim() == 2 and logits.stride(1) == 1
+            and 0 < logits.shape[1] < 2**31 and temperatures.dtype == torch.float32
+            and temperatures.shape == logits.shape[:1] and temperatures.is_contiguous()):
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+    code = _library("sample", logits.device).minisgl_sample(
+        out.data_ptr(), logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
+        temperatures.data_ptr(), seed % 2**64, draw % 2**64, _DTYPES[logits.dtype],
+        _stream(logits))
+    _check(code, "sample")
+    return out

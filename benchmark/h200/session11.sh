@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# 2026-12-02, session 11's H200 calls on issue 27 (the official workload's speed), two calls in a
+# row on one warm machine, carry [".whl", ".dev/smol-tok", ".dev/old"] both times:
+#   profile  where the time goes now: decode at batch 256 (prompts of 1,024, page_size 256,
+#            temperature 0.6 as the official workload samples) with chapter 19's kernels on
+#            and off, the sampler apart; the whole official workload under py-spy and under
+#            the profiler (workload_profile.py); the roofline's per-step record.
+#   ab       the official workload, three rounds, this tree against .dev/old's; batch-1 decode.
+# Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
+#   git archive BEFORE python steps benchmark | tar -x -C .dev/old
+# Results go straight to $OUT, so a run cut by the call's limit still returns.
+set -uo pipefail
+part=${1:?usage: session11.sh profile|ab}
+source benchmark/h200/setup.sh
+R=$OUT/s11-$part && mkdir -p $R
+M=models/qwen3-0.6b-random
+export PYTHONPATH=python:$PYTHONPATH  # the benchmarks import minisgl from this tree
+case $part in
+profile)
+    host_speed > $R/host.txt 2>&1
+    timeout 200 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
+        --prompt-len 1024 --page-size 256 --temperature 0.6 --custom-kernels auto off --top 30 \
+        > $R/decode_b256.txt 2>&1
+    timeout 200 python3 benchmark/h200/workload_profile.py --model $M --out $R \
+        > $R/workload.txt 2>&1
+    timeout 120 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+        --json $R/roofline.json > $R/roofline.txt 2>&1
+    cat $R/host.txt $R/decode_b256.txt; head -c 6000 $R/workload.txt; tail -n 12 $R/roofline.txt ;;
+ab)
+    timeout 200 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+        --rounds 3 --skip-transformers --json $R/offline_after.json > $R/offline_after.txt 2>&1
+    PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 200 python3 .dev/old/benchmark/offline.py \
+        --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers \
+        > $R/offline_before.txt 2>&1
+    timeout 100 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
+        --top 40 > $R/decode_b1.txt 2>&1
+    tail -n 4 $R/offline_*.txt; cat $R/decode_b1.txt ;;
+esac

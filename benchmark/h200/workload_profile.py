@@ -1,0 +1,100 @@
+"""Where the official offline workload's time goes, on the host and on the GPU (issue 27).
+
+The workload of benchmark/offline.py (256 requests, 133,966 output tokens, temperature 0.6,
+page_size 256), run three times by one LLM after its warm-up:
+1. plain: the wall time;
+2. under py-spy (--idle, the main thread): which functions the host spends the run in, waiting
+   for the GPU included;
+3. under torch.profiler, GPU activity only: every kernel's time summed by category (the
+   categories of decode_profile.py) and the time the GPU is busy at all (the union of the
+   kernels' intervals), against the wall time.
+
+    python benchmark/h200/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
+from decode_profile import category  # noqa: E402
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.llm import LLM  # noqa: E402
+from offline import official_workload  # noqa: E402
+import pyspy  # noqa: E402
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds in, seconds out)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/qwen3-0.6b-random")
+    parser.add_argument("--out", default=".", help="where py-spy's raw stacks go")
+    args = parser.parse_args()
+    prompts, output_lens = official_workload()
+    llm = LLM(args.model, dtype=torch.bfloat16, max_running_req=len(prompts), page_size=256,
+              max_seq_len_override=4096, max_prefill_length=16384, device="cuda")
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6)
+              for n in output_lens]
+    llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
+                 progress=False)
+
+    def run() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts, params, progress=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    print(f"plain: {run():.2f} s wall", flush=True)
+    stacks = Path(args.out) / "workload.pyspy.txt"
+    recorder = pyspy.start(os.getpid(), stacks)
+    time.sleep(1)  # py-spy attaches
+    print(f"under py-spy: {run():.2f} s wall", flush=True)
+    for error in pyspy.stop([recorder]):
+        print("py-spy:", error)
+    if stacks.is_file():
+        print(pyspy.summary(stacks, top=45), flush=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = run()
+    by_category: Counter[str] = Counter()
+    by_kernel: Counter[str] = Counter()
+    intervals = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            seconds = event.time_range.elapsed_us() / 1e6
+            by_category[category(event.name)] += seconds
+            by_kernel[event.name] += seconds
+            intervals.append((event.time_range.start, event.time_range.end))
+    busy = busy_seconds(intervals)
+    print(f"under the profiler (GPU only): {wall:.2f} s wall, GPU busy {busy:.2f} s "
+          f"({busy / wall:.1%}), kernel time {sum(by_category.values()):.2f} s in "
+          f"{len(intervals):,} kernels")
+    for name, seconds in by_category.most_common():
+        print(f"  {seconds:7.3f} s  {name}")
+    print("kernels with the most GPU time (s):")
+    for name, seconds in by_kernel.most_common(30):
+        print(f"  {seconds:7.3f}  {name[:120]}")
+    llm.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
