@@ -277,6 +277,40 @@ def test_the_sampler_draws_with_the_kernel_unless_a_request_filters(emulate):
     assert sampler.sample(logits, None).tolist() == logits.argmax(dim=-1).tolist()
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("k", [8, 64, 264])
+def test_gemv(emulate, rows, k):
+    """x @ w.T for 1-8 rows; x is a slice of a wider tensor (rows further apart than k), and
+    n_out = 10 leaves the last block's fourth warp without a column; k = 264 gives some lanes
+    two pieces. Summed in float32 in another order than the reference and rounded once: within
+    a last bit of bfloat16 (2**-7 of the value, or absolute below 1)."""
+    gen = torch.Generator().manual_seed(rows * k)
+    x = torch.randn(rows, k + 8, generator=gen).bfloat16()[:, :k]
+    w = torch.randn(10, k, generator=gen).bfloat16()
+    out = cuda_kernels.gemv(x, w)
+    want = x.double() @ w.double().T
+    assert out is not None and out.shape == (rows, 10) and out.dtype == torch.bfloat16
+    error = ((out.double() - want).abs() / want.abs().clamp(min=1)).max().item()
+    assert error <= 2**-7
+
+
+def bf16_zeros(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("x, w", [
+    (bf16_zeros(9, 64), bf16_zeros(10, 64)),  # more rows than the decode batches it is for
+    (bf16_zeros(2, 60), bf16_zeros(10, 60)),  # k not in whole 16-byte pieces
+    (bf16_zeros(2, 64), bf16_zeros(64, 10).t()),  # the weight transposed: not contiguous
+    (bf16_zeros(2, 64), torch.zeros(10, 64)),  # dtypes differ
+    (torch.zeros(2, 64), torch.zeros(10, 64)),  # float32: the CPU's, left to the reference
+    (bf16_zeros(2, 65)[:, 1:], bf16_zeros(10, 64)),  # rows not 16-byte aligned
+    (bf16_zeros(2, 64), bf16_zeros(10, 32)),  # k differs
+])
+def test_gemv_declines_tensors_it_does_not_take(emulate, x, w):
+    assert cuda_kernels.gemv(x, w) is None
+
+
 @pytest.fixture
 def no_kernel(monkeypatch):
     """Fails a test whose wrapper goes on to load a kernel library (it should have declined)."""

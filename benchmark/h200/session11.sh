@@ -5,7 +5,9 @@
 #            temperature 0.6 as the official workload samples) with chapter 19's kernels on
 #            and off, the sampler apart; the whole official workload under py-spy and under
 #            the profiler (workload_profile.py); the roofline's per-step record.
-#   ab       the official workload, three rounds, this tree against .dev/old's; batch-1 decode.
+#   ab       chapter 19's GEMV against cuBLAS on Qwen3-0.6B's projections at 1-8 rows; decode at
+#            batch 1 with chapter 19's kernels on and off; the official workload, three rounds,
+#            this tree against .dev/old's.
 # Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
 #   git archive BEFORE python steps benchmark | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
@@ -27,12 +29,13 @@ profile)
         --json $R/roofline.json > $R/roofline.txt 2>&1
     cat $R/host.txt $R/decode_b256.txt; head -c 6000 $R/workload.txt; tail -n 12 $R/roofline.txt ;;
 ab)
+    timeout 120 python3 benchmark/h200/gemv_bench.py > $R/gemv_bench.txt 2>&1
+    timeout 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
+        --custom-kernels auto off --top 40 > $R/decode_b1.txt 2>&1
     timeout 200 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
         --rounds 3 --skip-transformers --json $R/offline_after.json > $R/offline_after.txt 2>&1
     PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 200 python3 .dev/old/benchmark/offline.py \
         --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers \
         > $R/offline_before.txt 2>&1
-    timeout 100 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
-        --top 40 > $R/decode_b1.txt 2>&1
-    tail -n 4 $R/offline_*.txt; cat $R/decode_b1.txt ;;
+    cat $R/gemv_bench.txt $R/decode_b1.txt; tail -n 4 $R/offline_*.txt ;;
 esac

@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/layers/embedding.py
+../../../steps/ch19_cuda_kernels/minisgl/layers/embedding.py

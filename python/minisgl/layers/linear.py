@@ -1,1 +1,1 @@
-../../../steps/ch16_tensor_parallel/minisgl/layers/linear.py
+../../../steps/ch19_cuda_kernels/minisgl/layers/linear.py

@@ -1,0 +1,70 @@
+"""Chapter 19's GEMV kernel against F.linear (cuBLAS) on Qwen3-0.6B's projections at 1-8 rows,
+the decode step's matmuls at batch 1-8 (issue 27: batch-1 decode spends 0.87 of its 1.52 GPU ms
+in them, reading 1.19 GB of weights at about 1.4 TB/s).
+
+Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
+of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until one cycle holds
+4 x the 50 MiB L2, as kernel_bench.py does, so each call reads its weight from memory. TB/s
+counts the weight's bytes only.
+
+    python benchmark/h200/gemv_bench.py [--rows 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+from minisgl.kernel import cuda_kernels  # noqa: E402
+
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
+          "down": (1024, 3072), "lm_head": (151936, 1024)}
+L2_BYTES = 50 * 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    cuda_kernels.set_mode("auto")
+    print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__} · bfloat16 · "
+          f"best of {args.rounds} × {args.iters} calls in a CUDA graph")
+    print(f"{'projection':<10} {'rows':>4} {'ours µs':>9} {'F.linear µs':>12} {'speed-up':>9} "
+          f"{'ours TB/s':>10} {'cuBLAS TB/s':>12} {'max |diff|':>11}")
+    total = {rows: [0.0, 0.0] for rows in args.rows}
+    for name, (n_out, k) in SHAPES.items():
+        nbytes = n_out * k * 2
+        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
+        weights = [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+                   for _ in range(copies)]
+        for rows in args.rows:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            ours_turn, theirs_turn = itertools.cycle(weights), itertools.cycle(weights)
+            ours = best_microseconds(lambda: cuda_kernels.gemv(x, next(ours_turn)), args.iters,
+                                     args.rounds)
+            theirs = best_microseconds(lambda: F.linear(x, next(theirs_turn)), args.iters,
+                                       args.rounds)
+            diff = (cuda_kernels.gemv(x, weights[0]).float()
+                    - F.linear(x, weights[0]).float()).abs().max().item()
+            total[rows][0] += ours * (28 if name != "lm_head" else 1)
+            total[rows][1] += theirs * (28 if name != "lm_head" else 1)
+            print(f"{name:<10} {rows:>4} {ours:>9.2f} {theirs:>12.2f} {theirs / ours:>8.2f}x "
+                  f"{nbytes / ours / 1e6:>10.2f} {nbytes / theirs / 1e6:>12.2f} {diff:>11.4f}")
+        del weights
+        torch.cuda.empty_cache()
+    for rows, (ours, theirs) in total.items():
+        print(f"one decode step's projections (28 layers + LM head) at {rows} rows: "
+              f"ours {ours / 1e3:.3f} ms, F.linear {theirs / 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
