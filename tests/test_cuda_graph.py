@@ -150,6 +150,26 @@ def test_flashinfer_graph_decode_gives_the_eager_tokens(fake_fi, models_dir, nam
                     page_size=page_size) == eager
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_page_indices_computed_in_the_graph_equal_the_host_built_ones(fake_fi, page_size):
+    """prepare_in_graph (recorded into the captured step) against the eager path's indices,
+    built from the host's lists: requests of one page, of several, ending mid-page and on a
+    page's edge, and a padding row at the dummy row (position 0: one key)."""
+    rows_in_table, width = 5, 24
+    pool = MHAKVPool(1, 128, page_size, 2, 8, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(page_size)
+    pages = torch.randperm(128, generator=gen)[: rows_in_table * width // page_size]
+    slots = pages.view(rows_in_table, -1).repeat_interleave(page_size, dim=1) * page_size
+    page_table = (slots + torch.arange(width) % page_size).to(torch.int32)
+    backend = FlashInferBackend(pool, page_table, num_qo_heads=4)
+    dummy = rows_in_table - 1
+    backend.init_graph(max_batch_size=4, dummy_row=dummy)
+    rows, seq_lens = [2, 0, 3, dummy], [1, 2 * page_size, 2 * page_size + 1, 1]
+    backend.prepare_in_graph(torch.tensor(rows), torch.tensor(seq_lens) - 1)
+    _, _, want, *_ = backend._shape(rows, seq_lens, [1] * len(rows))
+    assert backend.graph_indices[: len(want)].tolist() == want.tolist()
+
+
 def test_tp2_with_graphs_equals_tp1(models_dir):
     path = models_dir / TINY_QWEN3
     assert generate(path, cuda_graph="emulate", tp_size=2) == generate(path, cuda_graph="off")

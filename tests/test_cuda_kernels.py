@@ -277,13 +277,14 @@ def test_the_sampler_draws_with_the_kernel_unless_a_request_filters(emulate):
     assert sampler.sample(logits, None).tolist() == logits.argmax(dim=-1).tolist()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 8])
-@pytest.mark.parametrize("k", [8, 64, 264])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [8, 64, 264, 2056])
 def test_gemv(emulate, rows, k):
-    """x @ w.T for 1-8 rows; x is a slice of a wider tensor (rows further apart than k), and
+    """x @ w.T for 1-4 rows; x is a slice of a wider tensor (rows further apart than k), and
     n_out = 10 leaves the last block's fourth warp without a column; k = 264 gives some lanes
-    two pieces. Summed in float32 in another order than the reference and rounded once: within
-    a last bit of bfloat16 (2**-7 of the value, or absolute below 1)."""
+    two pieces; k = 2,056 splits each row over four warps, whose sums meet in shared memory.
+    Summed in float32 in another order than the reference and rounded once: within a last bit
+    of bfloat16 (2**-7 of the value, or absolute below 1)."""
     gen = torch.Generator().manual_seed(rows * k)
     x = torch.randn(rows, k + 8, generator=gen).bfloat16()[:, :k]
     w = torch.randn(10, k, generator=gen).bfloat16()
@@ -299,7 +300,7 @@ def bf16_zeros(*shape: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("x, w", [
-    (bf16_zeros(9, 64), bf16_zeros(10, 64)),  # more rows than the decode batches it is for
+    (bf16_zeros(5, 64), bf16_zeros(10, 64)),  # more rows than the decode batches it is for
     (bf16_zeros(2, 60), bf16_zeros(10, 60)),  # k not in whole 16-byte pieces
     (bf16_zeros(2, 64), bf16_zeros(64, 10).t()),  # the weight transposed: not contiguous
     (bf16_zeros(2, 64), torch.zeros(10, 64)),  # dtypes differ
@@ -309,6 +310,27 @@ def bf16_zeros(*shape: int) -> torch.Tensor:
 ])
 def test_gemv_declines_tensors_it_does_not_take(emulate, x, w):
     assert cuda_kernels.gemv(x, w) is None
+
+
+def test_linear_takes_the_gemv_for_a_few_bfloat16_rows_only(emulate, monkeypatch):
+    """kernel.linear: the GEMV for 1-4 rows of bfloat16 (the bias added after it), F.linear for
+    more rows and for float32, whose results it returns unchanged."""
+    from minisgl.kernel import linear
+
+    calls = []
+    real = cuda_kernels.gemv
+    monkeypatch.setattr(cuda_kernels, "gemv", lambda x, w: calls.append(len(x)) or real(x, w))
+    gen = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(12, 64, generator=gen), torch.randn(12, generator=gen)
+    for rows, dtype in [(3, torch.bfloat16), (5, torch.bfloat16), (3, torch.float32)]:
+        x = torch.randn(rows, 64, generator=gen)
+        xd, wd, bd = x.to(dtype), w.to(dtype), bias.to(dtype)
+        got, want = linear(xd, wd, bd), torch.nn.functional.linear(xd, wd, bd)
+        if dtype == torch.float32 or rows > 4:
+            assert torch.equal(got, want)
+        else:  # float32 sums rounded once, then the bias: a last bit or two of bfloat16
+            assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+    assert calls == [3, 5, 3]  # asked every time; it declined 5 rows and float32
 
 
 @pytest.fixture

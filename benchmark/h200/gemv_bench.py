@@ -1,5 +1,5 @@
-"""Chapter 19's GEMV kernel against F.linear (cuBLAS) on Qwen3-0.6B's projections at 1-8 rows,
-the decode step's matmuls at batch 1-8 (issue 27: batch-1 decode spends 0.87 of its 1.52 GPU ms
+"""Chapter 19's GEMV kernel against F.linear (cuBLAS) on Qwen3-0.6B's projections at 1-4 rows,
+the decode step's matmuls at batch 1-4 (issue 27: batch-1 decode spends 0.87 of its 1.52 GPU ms
 in them, reading 1.19 GB of weights at about 1.4 TB/s).
 
 Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
@@ -7,7 +7,7 @@ of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until 
 4 x the 50 MiB L2, as kernel_bench.py does, so each call reads its weight from memory. TB/s
 counts the weight's bytes only.
 
-    python benchmark/h200/gemv_bench.py [--rows 1 2 4 8]
+    python benchmark/h200/gemv_bench.py [--rows 1 2 3 4]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ L2_BYTES = 50 * 2**20
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

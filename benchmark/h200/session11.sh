@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# 2026-12-02, session 11's H200 calls on issue 27 (the official workload's speed), two calls in a
-# row on one warm machine, carry [".whl", ".dev/smol-tok", ".dev/old"] both times:
-#   profile  where the time goes now: decode at batch 256 (prompts of 1,024, page_size 256,
-#            temperature 0.6 as the official workload samples) with chapter 19's kernels on
-#            and off, the sampler apart; the whole official workload under py-spy and under
-#            the profiler (workload_profile.py); the roofline's per-step record.
-#   ab       chapter 19's GEMV against cuBLAS on Qwen3-0.6B's projections at 1-8 rows; decode at
-#            batch 1 with chapter 19's kernels on and off; the official workload, three rounds,
-#            this tree against .dev/old's.
+# 2026-12-02, session 11's H200 calls on issue 27 (the official workload's speed), each part a
+# call, carry [".whl", ".dev/smol-tok", ".dev/old"] every time:
+#   profile  (run at a38efe4) where the time goes: decode at batch 256 (prompts of 1,024,
+#            page_size 256, temperature 0.6 as the official workload samples) with chapter 19's
+#            kernels on and off, the sampler apart; the whole official workload under py-spy
+#            and under the profiler (workload_profile.py); the roofline's per-step record.
+#   kernels  chapter 19's GEMV against cuBLAS on Qwen3-0.6B's projections at 1-4 rows; decode
+#            at batch 1 with chapter 19's kernels on and off, and at batch 256 (as in profile).
+#   offline  the official workload, three rounds, this tree and .dev/old's (each its own
+#            offline.py); then the roofline's per-step record of this tree.
 # Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
-#   git archive BEFORE python steps benchmark | tar -x -C .dev/old
+#   git archive BEFORE python steps benchmark tools | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session11.sh profile|ab}
+part=${1:?usage: session11.sh profile|kernels|offline}
 source benchmark/h200/setup.sh
 R=$OUT/s11-$part && mkdir -p $R
 M=models/qwen3-0.6b-random
@@ -28,14 +29,21 @@ profile)
     timeout 120 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1
     cat $R/host.txt $R/decode_b256.txt; head -c 6000 $R/workload.txt; tail -n 12 $R/roofline.txt ;;
-ab)
-    timeout 120 python3 benchmark/h200/gemv_bench.py > $R/gemv_bench.txt 2>&1
+kernels)
+    host_speed > $R/host.txt 2>&1
+    timeout 100 python3 benchmark/h200/gemv_bench.py > $R/gemv_bench.txt 2>&1
     timeout 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
         --custom-kernels auto off --top 40 > $R/decode_b1.txt 2>&1
+    timeout 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
+        --prompt-len 1024 --page-size 256 --temperature 0.6 --top 30 > $R/decode_b256.txt 2>&1
+    cat $R/host.txt $R/gemv_bench.txt; grep -A3 "^decode" $R/decode_b*.txt ;;
+offline)
     timeout 200 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
         --rounds 3 --skip-transformers --json $R/offline_after.json > $R/offline_after.txt 2>&1
     PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 200 python3 .dev/old/benchmark/offline.py \
         --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers \
-        > $R/offline_before.txt 2>&1
-    cat $R/gemv_bench.txt $R/decode_b1.txt; tail -n 4 $R/offline_*.txt ;;
+        --json $R/offline_before.json > $R/offline_before.txt 2>&1
+    timeout 120 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+        --json $R/roofline.json > $R/roofline.txt 2>&1
+    tail -n 4 $R/offline_*.txt; tail -n 9 $R/roofline.txt ;;
 esac

@@ -52,6 +52,10 @@ class BaseAttentionBackend(ABC):
         current stream: the one the graph is replayed on."""
         raise NotImplementedError(f"{type(self).__name__} has no CUDA-graph decode")
 
+    def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Device work recorded into the captured step, before the layers, from the static
+        page-table rows and positions of the batch; by default none."""
+
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:

@@ -86,25 +86,33 @@ class FlashInferBackend(BaseAttentionBackend):
             return "the package flashinfer-python is not installed: pip install -e '.[gpu]'"
         return None
 
-    def _shape(self, rows: list[int], seq_lens: list[int],
-               extend_lens: list[int]) -> tuple[torch.Tensor, ...]:
-        """The batch's shape as plan() wants it — host tensors, pinned so that plan's copies are
-        asynchronous — plus, on the device, the page indices and each request's last query
-        row. Built from a few Python ints per request: the host's work grows with the number
-        of requests, never with their lengths."""
-        size, n = self.page_size, len(rows)
+    def _host_shape(self, seq_lens: list[int], extend_lens: list[int],
+                    rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        """The batch's shape as plan() wants it, in one pinned host tensor (plan's copies are
+        then asynchronous): qo_indptr, kv_indptr, last_page_len, seq_lens, then `rows`; and the
+        number of pages. Built from a few Python ints per request: the host's work grows with
+        the number of requests, never with their lengths."""
+        size, n = self.page_size, len(seq_lens)
         pages = [(s + size - 1) // size for s in seq_lens]
         shape = [0, *accumulate(extend_lens), 0, *accumulate(pages),
                  *(s - (p - 1) * size for s, p in zip(seq_lens, pages)), *seq_lens, *rows]
         host = pin(torch.tensor(shape, dtype=torch.int32), self.device)
-        qo_indptr, kv_indptr, last_page_len, seq, _ = host.split([n + 1, n + 1, n, n, n])
+        return host, host.split([n + 1, n + 1, n, n, len(rows)]), sum(pages)
+
+    def _shape(self, rows: list[int], seq_lens: list[int],
+               extend_lens: list[int]) -> tuple[torch.Tensor, ...]:
+        """The host shape, plus, on the device, the page indices and each request's last query
+        row."""
+        size, n = self.page_size, len(rows)
+        host, (qo_indptr, kv_indptr, last_page_len, seq, _), total = self._host_shape(
+            seq_lens, extend_lens, rows)
         # The page indices are one per page of context (256 requests of 1,000 tokens at
         # page_size 1: 256,000), so they are computed where the page table is: the pages of
         # request r are page_table[row_r, j * page_size] // page_size for j < pages[r].
         device = host.to(self.device, non_blocking=True)
         qo_indptr_d, kv_indptr_d, _, _, rows_d = device.split([n + 1, n + 1, n, n, n])
         owner, page_of_req = ragged_arange(torch.zeros_like(rows_d), kv_indptr_d.diff(),
-                                           total=sum(pages))
+                                           total=total)
         flat = rows_d.long()[owner] * self.page_table.shape[1] + page_of_req * size
         indices = self.page_table.view(-1)[flat] // size
         last_indices = qo_indptr_d[1:].long() - 1
@@ -144,10 +152,12 @@ class FlashInferBackend(BaseAttentionBackend):
 
     def init_graph(self, max_batch_size: int, dummy_row: int) -> None:
         self.dummy_row = dummy_row
-        pages_per_row = self.page_table.shape[1] // self.page_size
+        self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
-        self.graph_indices = torch.zeros(max_batch_size * pages_per_row, dtype=torch.int32,
+        self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,
                                          device=self.device)
+        # 0, 1, 2, ...: the position of each entry of graph_indices (see prepare_in_graph).
+        self.graph_index_positions = torch.arange(len(self.graph_indices), device=self.device)
         self.graph_last_page_len = torch.ones(max_batch_size, dtype=torch.int32,
                                               device=self.device)
         self.graph_wrappers: dict[int, Any] = {}
@@ -167,22 +177,39 @@ class FlashInferBackend(BaseAttentionBackend):
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
             self.graph_last_page_len[:batch_size], "NHD", use_tensor_cores=self.tensor_cores)
         self.graph_wrappers[batch_size] = wrapper
-        rows, seq_lens = [self.dummy_row] * batch_size, [1] * batch_size
-        _, kv_indptr, indices, last_page_len, seq, *_ = self._shape(rows, seq_lens, seq_lens)
-        self._plan_decode(wrapper, kv_indptr, indices, last_page_len, seq)  # plan, then capture
+        self._plan_replay(wrapper, [1] * batch_size)  # plan, then capture
         return FlashInferMetadata(torch.arange(batch_size, device=self.device), wrapper, ())
 
     def prepare_replay(self, batch: Batch, padded_size: int) -> None:
         pad = padded_size - batch.size  # padding rows: the dummy row, one key
-        rows = [r.table_idx for r in batch.reqs] + [self.dummy_row] * pad
-        seq_lens = [r.device_len for r in batch.reqs] + [1] * pad
-        _, kv_indptr, indices, last_page_len, seq, *_ = self._shape(rows, seq_lens,
-                                                                   [1] * len(rows))
         self.last_plan.synchronize()
-        # Copies into the static buffers, on the current stream: after the previous replay.
-        self._plan_decode(self.graph_wrappers[padded_size], kv_indptr, indices, last_page_len,
-                          seq)
+        self._plan_replay(self.graph_wrappers[padded_size],
+                          [r.device_len for r in batch.reqs] + [1] * pad)
         self.last_plan.record()
+
+    def _plan_replay(self, wrapper: Any, seq_lens: list[int]) -> None:
+        """Plan a replay from its sequence lengths alone. plan() copies the shape into the
+        static buffers, on the current stream (after the previous replay), and would copy the
+        page indices too; but those are written by the replay itself (prepare_in_graph), so
+        the tensor handed to plan() is that part of the buffer, and the copy is nothing."""
+        _, (_, kv_indptr, last_page_len, seq, _), total = self._host_shape(
+            seq_lens, [1] * len(seq_lens), [])
+        self._plan_decode(wrapper, kv_indptr, self.graph_indices[:total], last_page_len, seq)
+
+    def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Recorded into every captured decode step, before the layers: the batch's page
+        indices, computed on the device from the static rows and positions. A decode token at
+        position p attends to p + 1 keys, in p // page_size + 1 pages; entry j of the indices
+        belongs to the request whose pages end first after j. Entries past the last page are
+        filled too (static shapes) and never read. So a replay costs the host a few Python
+        ints per request and no tensor work at all."""
+        size, per_row, n = self.page_size, self.pages_per_row, len(rows)
+        pages = positions // size + 1
+        ends = pages.cumsum(0)
+        j = self.graph_index_positions[: n * per_row]
+        owner = torch.searchsorted(ends, j, right=True).clamp_(max=n - 1)
+        page = (j - ends[owner] + pages[owner]).clamp_(max=per_row - 1)
+        self.graph_indices[: len(j)] = self.page_table[rows[owner], page * size] // size
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:

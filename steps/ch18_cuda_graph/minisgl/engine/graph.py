@@ -67,6 +67,8 @@ class GraphBackend(Protocol):
 
     def prepare_replay(self, batch: Batch, padded_size: int) -> None: ...
 
+    def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None: ...
+
 
 class GraphRunner:
     """The decode forward captured for each of `batch_sizes`. A decode batch of n requests
@@ -122,6 +124,7 @@ class GraphRunner:
         rows, positions = self.rows[: batch.size], batch.positions
         batch.input_ids = self.token_pool[rows, positions].long()
         batch.out_loc = self.page_table[rows, positions].long()
+        self.backend.prepare_in_graph(rows, positions)
         with self.ctx.forward_batch(batch):
             logits = self.model.forward()  # type: ignore[attr-defined]
         self.logits[: batch.size].copy_(logits)

@@ -167,7 +167,7 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
     return out
 
 
-GEMV_MAX_ROWS = 8  # beyond this many rows of x, the weight is worth cuBLAS's tiles
+GEMV_MAX_ROWS = 4  # from 8 rows on, cuBLAS is faster on the H200 (benchmark/h200/gemv_bench.py)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
