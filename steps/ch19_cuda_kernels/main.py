@@ -2,8 +2,9 @@
 
 一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
     CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
-二、四个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
-    一遍读完 logits 的采样（Gumbel-max）。CPU 上跑模拟器，GPU 上跑真的 kernel；
+二、五个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
+    一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV）。CPU 上跑模拟器，GPU 上跑真的
+    kernel；
 三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
     CPU 上（float32）还与 transformers 相同。
 """
@@ -101,7 +102,16 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     argmax = greedy is not None and torch.equal(greedy.long(), logits.argmax(dim=-1))
     print(f"  sample：{n} 次抽取，各 token 的次数在期望的 4σ 以内：{within}；"
           f"温度 0 的行等于 argmax：{argmax}")
-    return ok and within and argmax
+    ok &= within and argmax
+    # GEMV：4 行 bfloat16 输入乘 2,056 列宽的权重（每行拆给 4 个 warp），与 float64 的参考比；
+    # 求和的顺序不同、最后取整一次：误差在 bfloat16 的一个最低位以内
+    x = torch.randn(4, 2056, generator=gen).to(device, torch.bfloat16)
+    w = (torch.randn(40, 2056, generator=gen) / 2056 ** 0.5).to(device, torch.bfloat16)
+    got = cuda_kernels.gemv(x, w)
+    want = x.double() @ w.double().T
+    error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
+    print(f"  gemv：4 行 × 40 列，与参考的最大相对误差 {error:.2e}（容差 {2 ** -7:g}）")
+    return ok and error <= 2 ** -7
 
 
 def generate(path: Path, mode: str, dtype: torch.dtype) -> list[list[int]]:
