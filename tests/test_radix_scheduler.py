@@ -13,9 +13,10 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from conftest import TINY_QWEN3
-from minisgl.scheduler.prefill import DEFER_SHARED_TOKENS, PendingReq
+from minisgl.scheduler.prefill import DEFER_SHARED_TOKENS, PendingReq, shared_prefix_len
 from scheduler_helpers import (Arrival, assert_equals_each_request_run_alone,
                                assert_finishes_every_request_once_with_max_tokens,
                                assert_leaks_no_page_and_no_row, completed_runs, drive, finish,
@@ -407,3 +408,11 @@ def test_example_walks_a_radix_tree():
         "      [5, 6] → slots [14, 15] ref=1",
     ]
     assert out.splitlines() == expected
+
+
+def test_shared_prefix_len_counts_the_leading_equal_tokens():
+    ids = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
+    assert shared_prefix_len(ids, torch.tensor([5, 6, 9, 8], dtype=torch.int32)) == 2
+    assert shared_prefix_len(ids, ids[:3]) == 3  # one is a prefix of the other
+    assert shared_prefix_len(ids, torch.tensor([4, 6, 7, 8], dtype=torch.int32)) == 0
+    assert shared_prefix_len(ids, ids[:0]) == 0

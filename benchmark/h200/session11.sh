@@ -9,11 +9,13 @@
 #            at batch 1 with chapter 19's kernels on and off, and at batch 256 (as in profile).
 #   offline  the official workload, three rounds, this tree and .dev/old's (each its own
 #            offline.py); then the roofline's per-step record of this tree.
+#   all      when machines are scarce: offline's two runs, then decode at batch 1 and the GEMV
+#            bench, in one call.
 # Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
 #   git archive BEFORE python steps benchmark tools | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session11.sh profile|kernels|offline}
+part=${1:?usage: session11.sh profile|kernels|offline|all}
 source benchmark/h200/setup.sh
 R=$OUT/s11-$part && mkdir -p $R
 M=models/qwen3-0.6b-random
@@ -37,13 +39,21 @@ kernels)
     timeout 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
         --prompt-len 1024 --page-size 256 --temperature 0.6 --top 30 > $R/decode_b256.txt 2>&1
     cat $R/host.txt $R/gemv_bench.txt; grep -A3 "^decode" $R/decode_b*.txt ;;
-offline)
+offline|all)
     timeout 200 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
         --rounds 3 --skip-transformers --json $R/offline_after.json > $R/offline_after.txt 2>&1
-    PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 200 python3 .dev/old/benchmark/offline.py \
+    PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 130 python3 .dev/old/benchmark/offline.py \
         --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers \
         --json $R/offline_before.json > $R/offline_before.txt 2>&1
-    timeout 120 python3 benchmark/roofline.py --device cuda --model $M --workload official \
-        --json $R/roofline.json > $R/roofline.txt 2>&1
-    tail -n 4 $R/offline_*.txt; tail -n 9 $R/roofline.txt ;;
+    tail -n 4 $R/offline_*.txt
+    if [ $part = all ]; then
+        timeout 70 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
+            --custom-kernels auto off --top 40 > $R/decode_b1.txt 2>&1
+        timeout 50 python3 benchmark/h200/gemv_bench.py > $R/gemv_bench.txt 2>&1
+        cat $R/gemv_bench.txt; grep -A3 "^decode" $R/decode_b1.txt
+    else
+        timeout 120 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+            --json $R/roofline.json > $R/roofline.txt 2>&1
+        tail -n 9 $R/roofline.txt
+    fi ;;
 esac

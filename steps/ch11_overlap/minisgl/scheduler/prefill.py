@@ -18,6 +18,10 @@ DEFER_SHARED_TOKENS = 32
 
 def shared_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(len(a), len(b))
+    # Most pairs differ at once: admission asks this of every pair in a batch, so the common
+    # answer skips the scan (a third of its host time).
+    if n == 0 or int(a[0]) != int(b[0]):
+        return 0
     return int((a[:n] == b[:n]).cumprod(0).sum())
 
 
