@@ -230,10 +230,14 @@ class Engine:
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):
             # Token t belongs to request r: its row, and positions cached_len_r + i; copied
-            # in one pinned transfer.
-            owner, positions = ragged_arange(torch.tensor([r.cached_len for r in reqs]),
-                                             torch.tensor([r.extend_len for r in reqs]))
-            where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner], positions])
+            # in one pinned transfer. A decode batch has one token a request: no arange.
+            if batch.is_decode:
+                where = torch.tensor([[r.table_idx for r in reqs], [r.cached_len for r in reqs]])
+            else:
+                owner, positions = ragged_arange(torch.tensor([r.cached_len for r in reqs]),
+                                                 torch.tensor([r.extend_len for r in reqs]))
+                where = torch.stack([torch.tensor([r.table_idx for r in reqs])[owner],
+                                     positions])
             rows, batch.positions = pin(where, self.device).to(self.device, non_blocking=True)
             if padded is None:
                 batch.out_loc = self.page_table[rows, batch.positions].long()
