@@ -151,7 +151,6 @@ class FlashInferBackend(BaseAttentionBackend):
     # --- CUDA graphs: FlashInfer's graph decode wrapper reads its shape from static buffers ---
 
     def init_graph(self, max_batch_size: int, dummy_row: int) -> None:
-        self.dummy_row = dummy_row
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,
@@ -202,7 +201,7 @@ class FlashInferBackend(BaseAttentionBackend):
         position p attends to p + 1 keys, in p // page_size + 1 pages; entry j of the indices
         belongs to the request whose pages end first after j. Entries past the last page are
         filled too (static shapes) and never read. So a replay costs the host a few Python
-        ints per request and no tensor work at all."""
+        ints per request, one small host tensor, and the plan."""
         size, per_row, n = self.page_size, self.pages_per_row, len(rows)
         pages = positions // size + 1
         ends = pages.cumsum(0)
