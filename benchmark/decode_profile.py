@@ -35,7 +35,7 @@ CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kerne
     ("采样", re.compile(r"sample_kernel|ArgMax|cunn_SoftMax|distribution_", re.I)),
     ("注意力", re.compile(r"BatchDecode|BatchPrefill|MergeStates|fmha|flash_fwd|attention|softmax"
                         r"|sdpa", re.I)),
-    ("矩阵乘", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul", re.I)),
+    ("矩阵乘", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul", re.I)),
     ("norm/RoPE/激活", re.compile(r"norm|rotary|rope|act_and_mul|silu", re.I)),
     ("KV 写入/gather", re.compile(r"index|gather|scatter|store_kv", re.I)),
 ]
