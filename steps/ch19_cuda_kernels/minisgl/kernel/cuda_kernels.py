@@ -1,10 +1,13 @@
-"""Our own CUDA kernels (chapter 19) behind four reference ops: the KV store, the masked gather
-of the embedding, Qwen3's q/k RMSNorm fused with RoPE, and sampling from the logits. The mode is process-wide, set by the
-Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on
-CPU tensors, "off" leaves every op to its reference. Tensors a kernel cannot take (another
-dtype, a layout it does not handle, shapes that do not match) go to the reference too, so the
-choice never changes what is computed, only how; and a mismatch meets the reference's error
-instead of a kernel that reads out of bounds (the kernels trust every size they are given)."""
+"""Our own CUDA kernels (chapter 19) behind five reference ops: the KV store, the masked gather
+of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV), and
+sampling from the logits. The mode is process-wide, set by the Engine: "auto" runs them on CUDA
+tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on CPU tensors, "off" leaves every
+op to its reference. Tensors a kernel cannot take (another dtype, a layout it does not handle,
+shapes that do not match) go to the reference too, so the choice changes how things are
+computed, not what: the GEMV sums in another order (a last bit of bfloat16), sampling draws
+from the same distribution with other random numbers. And a mismatch meets the reference's
+error instead of a kernel that reads out of bounds (the kernels trust every size they are
+given)."""
 
 from __future__ import annotations
 
