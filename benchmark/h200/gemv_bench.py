@@ -4,8 +4,8 @@ in them, reading 1.19 GB of weights at about 1.4 TB/s).
 
 Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
 of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until one cycle holds
-4 x the 50 MiB L2, as kernel_bench.py does, so each call reads its weight from memory. TB/s
-counts the weight's bytes only.
+4 x the L2, with kernel_bench.py's L2 size and turn-taking, so each call reads its weight from
+memory. TB/s counts the weight's bytes only.
 
     python benchmark/h200/gemv_bench.py [--rows 1 2 3 4]
 """
@@ -13,20 +13,20 @@ counts the weight's bytes only.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
+from kernel_bench import L2_BYTES, cycling  # noqa: E402  (the same L2 and turn-taking)
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
 from minisgl.kernel import cuda_kernels  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
           "down": (1024, 3072), "lm_head": (151936, 1024)}
-L2_BYTES = 50 * 2**20
 
 
 def main() -> None:
@@ -48,11 +48,10 @@ def main() -> None:
                    for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            ours_turn, theirs_turn = itertools.cycle(weights), itertools.cycle(weights)
-            ours = best_microseconds(lambda: cuda_kernels.gemv(x, next(ours_turn)), args.iters,
-                                     args.rounds)
-            theirs = best_microseconds(lambda: F.linear(x, next(theirs_turn)), args.iters,
-                                       args.rounds)
+            ours = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(x, w)
+                                              for w in weights]), args.iters, args.rounds)
+            theirs = best_microseconds(cycling([lambda w=w: F.linear(x, w) for w in weights]),
+                                       args.iters, args.rounds)
             diff = (cuda_kernels.gemv(x, weights[0]).float()
                     - F.linear(x, weights[0]).float()).abs().max().item()
             total[rows][0] += ours * (28 if name != "lm_head" else 1)
