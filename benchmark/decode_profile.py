@@ -4,6 +4,9 @@
 请求的 decode。先跑几步热身，再跑 --steps 步量墙钟，然后用 torch.profiler（只记 GPU）再记 --steps 步：
 - 墙钟：每步的主机时间（步与步之间不同步，测的是稳态；不开 profiler）；
 - GPU：每步 kernel 时间之和，按类别分开（采样、注意力、矩阵乘、norm/RoPE/激活、KV 写入/gather、其余）；
+- GPU 跨度：从这几步的第一个 kernel 开始到最后一个结束，每步多长；跨度减去 GPU 忙（kernel
+  区间的并集）就是 GPU 空着的时间，其中长于 10 微秒的空档单独算（主机没跟上；图里相邻 kernel
+  之间的空档只有一两微秒）；
 - 每步发射的 kernel 个数。
 GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。--temperature 大于 0
 时按温度采样（官方负载用 0.6），默认贪心；--page-size 默认 16（官方负载用 256）。
@@ -45,6 +48,32 @@ def category(name: str) -> str:
     return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余")
 
 
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds in, seconds out)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6
+
+
+def long_gaps_seconds(intervals: list[tuple[float, float]], longer_than_us: float) -> float:
+    """Idle time between the intervals, counting only the gaps longer than `longer_than_us`."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is not None and start - reach > longer_than_us:
+            total += start - reach
+        reach = end if reach is None else max(reach, end)
+    return total / 1e6
+
+
+def decoding(scheduler) -> bool:
+    """Whether every request is prefilled and the step in flight is a decode step."""
+    flight = scheduler.in_flight
+    return flight is not None and flight.batch.is_decode and not scheduler.prefill.runnable
+
+
 def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int,
                     custom_kernels: str = "auto", temperature: float = 0.0,
                     page_size: int = 16) -> dict:
@@ -57,11 +86,7 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
         scheduler.add_request(uid, torch.randint(0, 10000, (prompt_len,), generator=gen),
                               SamplingParams(max_tokens=400, ignore_eos=True,
                                              temperature=temperature))
-    def decoding() -> bool:
-        flight = scheduler.in_flight
-        return flight is not None and flight.batch.is_decode and not scheduler.prefill.runnable
-
-    while not decoding():  # prefill everything
+    while not decoding(scheduler):  # prefill everything
         scheduler.step()
     for _ in range(5):  # warm-up decode steps
         scheduler.step()
@@ -79,18 +104,21 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
         torch.cuda.synchronize()
     gpu: Counter[str] = Counter()
     kernels: Counter[str] = Counter()  # GPU ms per step of each kernel name
-    launches = 0
+    intervals = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
             kernels[event.name] += event.time_range.elapsed_us() / 1000 / steps
-            launches += 1
+            intervals.append((event.time_range.start, event.time_range.end))
+    span = (max(end for _, end in intervals) - min(start for start, _ in intervals)) / 1e3
     del scheduler  # the engine and its KV pool must go with the LLM
     llm.shutdown()
     gc.collect()
     torch.cuda.empty_cache()  # the next backend's pool is sized from free memory
-    return {"wall": wall * 1000, "gpu": gpu, "kernels": kernels, "launches": launches / steps,
-            "batch": sum(sizes) / len(sizes)}
+    return {"wall": wall * 1000, "gpu": gpu, "kernels": kernels,
+            "launches": len(intervals) / steps, "batch": sum(sizes) / len(sizes),
+            "span": span / steps, "busy": busy_seconds(intervals) * 1e3 / steps,
+            "long_gaps": long_gaps_seconds(intervals, 10.0) * 1e3 / steps}
 
 
 def main() -> int:
@@ -121,11 +149,13 @@ def main() -> int:
           f"page_size {args.page_size}，{sampling}，bfloat16，{torch.cuda.get_device_name()}"
           f"（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余"]
-    header = ["", "batch", "墙钟/步", "GPU 合计", *labels, "kernel 数/步"]
+    header = ["", "batch", "墙钟/步", "GPU 跨度", "GPU 忙", "长空档", "GPU 合计", *labels,
+              "kernel 数/步"]
     width = max(18, *(columns(name) + 2 for name in results))
     print("  " + "".join(pad(h, width if i == 0 else 16) for i, h in enumerate(header)))
     for name, r in results.items():
-        cells = [name, f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{sum(r['gpu'].values()):.2f}",
+        cells = [name, f"{r['batch']:.0f}", f"{r['wall']:.2f}", f"{r['span']:.2f}",
+                 f"{r['busy']:.2f}", f"{r['long_gaps']:.2f}", f"{sum(r['gpu'].values()):.2f}",
                  *(f"{r['gpu'][label]:.2f}" for label in labels), f"{r['launches']:.0f}"]
         print("  " + "".join(pad(c, width if i == 0 else 16) for i, c in enumerate(cells)))
     for name, r in results.items() if args.top else ():

@@ -26,21 +26,11 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
-from decode_profile import category  # noqa: E402
+from decode_profile import busy_seconds, category  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from offline import official_workload  # noqa: E402
 import pyspy  # noqa: E402
-
-
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals (microseconds in, seconds out)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total / 1e6
 
 
 def main() -> int:
