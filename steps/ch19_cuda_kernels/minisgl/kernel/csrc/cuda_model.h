@@ -1,7 +1,8 @@
 // What a kernel source sees of CUDA, on both sides of the build.
 //
-// nvcc (__CUDACC__): the real thing; this header only adds the launch macro and bfloat16
-// conversions written once for both builds.
+// nvcc (__CUDACC__): the real thing; this header only adds the launch macro, the two
+// programmatic-dependent-launch calls (below) and bfloat16 conversions written once for both
+// builds.
 //
 // A C++ compiler (the CPU emulator): the CUDA execution model rebuilt from threads. A launch runs
 // the grid's blocks one after another; the threads of a block run at the same time as
@@ -16,10 +17,44 @@
 
 #ifdef __CUDACC__
 
+#include <cstdlib>
+
 #include <cuda_runtime.h>
-#define LAUNCH(kernel, grid, block, stream, ...) \
-  kernel<<<(grid), (block), 0, static_cast<cudaStream_t>(stream)>>>(__VA_ARGS__)
 #define HOST_DEVICE __host__ __device__
+
+// Programmatic dependent launch (PDL, compute capability 9.0 and later): a kernel launched with
+// this attribute may be scheduled while the kernel before it in the stream is still finishing,
+// so its launch and whatever it reads that no earlier kernel writes (a weight) overlap that
+// tail. The price: it must call wait_for_previous_kernel() before it reads an earlier
+// kernel's output or writes anything. MINISGL_PDL=0 launches every kernel the classic way
+// (to measure what this saves).
+inline bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("MINISGL_PDL");
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    return major >= 9 && !(setting != nullptr && setting[0] == '0');
+  }();
+  return enabled;
+}
+
+template <typename... Params, typename... Args>
+inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void* stream,
+                          Args... args) {
+  cudaLaunchAttribute early_start{};
+  early_start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early_start.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = static_cast<cudaStream_t>(stream);
+  config.attrs = &early_start;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);  // errors: cudaGetLastError
+}
+#define LAUNCH(kernel, grid, block, stream, ...) \
+  launch_kernel((kernel), (grid), (block), (stream), __VA_ARGS__)
 
 #else  // the emulator
 
@@ -93,6 +128,23 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
   emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })
 
 #endif
+
+// Every kernel here is launched with PDL: it calls wait_for_previous_kernel() before its first
+// read of another kernel's output and its first write, and let_next_kernel_start() after its
+// last such read, so that the next kernel (ours, or FlashInfer's, which launch the same way on
+// this GPU) can be scheduled early in turn; it still waits for this one to finish. Calling it
+// after the wait keeps the chain safe: a kernel past its wait knows every earlier one is done.
+// Without PDL, and in the emulator (launches run one after another), both do nothing.
+__device__ inline void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ inline void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 
 // bfloat16 as its 16 bits, converted by hand, identically on both sides: the top half of a
 // float32, rounded to nearest even (NaN is not produced by these kernels' inputs).

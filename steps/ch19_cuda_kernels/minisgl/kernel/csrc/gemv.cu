@@ -22,39 +22,56 @@ HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
   }
 }
 
+// Adds piece i of a weight row, times piece i of every row of x, into acc.
+template <int kRows>
+HOST_DEVICE inline void accumulate(float* acc, const uint4& piece, const bf16* x,
+                                   int64_t x_stride, int64_t i) {
+  constexpr int kPer = 8;  // bfloat16 in a 16-byte piece
+  float wf[kPer], xf[kPer];
+  unpack(piece, wf);
+  for (int m = 0; m < kRows; ++m) {
+    unpack(reinterpret_cast<const uint4*>(x + m * x_stride)[i], xf);
+    for (int j = 0; j < kPer; ++j) acc[m] += wf[j] * xf[j];
+  }
+}
+
 // kSplit warps share one output column, each taking every kSplit-th run of 32 pieces of its
 // row: a long row (o_proj's 2,048, down_proj's 3,072) is read by 4 warps at once instead of
 // one, and the few columns of those projections (1,024) still fill the GPU. With kSplit = 1 a
 // block holds 4 columns. The warps' partial sums meet in shared memory.
+// A lane's first kEarly pieces of the weight are loaded before waiting for the kernel that
+// writes x (PDL, cuda_model.h): the weight is never written, so under PDL these loads overlap
+// that kernel's end. Qwen3-0.6B's rows are 3 or 4 pieces a lane: all of them.
 template <int kRows, int kSplit>
 __global__ void gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x,
                             const bf16* __restrict__ w, int64_t n_out, int64_t k,
                             int64_t x_stride, int64_t y_stride) {
   __shared__ float partial[kWarps][kMaxRows];
-  constexpr int kPer = 8;  // bfloat16 in a 16-byte piece
+  constexpr int kEarly = 4;
   const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (kWarps / kSplit) + warp / kSplit;
-  const int64_t pieces = k / kPer;
+  const bool has_col = col < n_out;  // no early return: all threads reach shuffles and barrier
+  const int64_t pieces = k / 8, first = (warp % kSplit) * kLanes + lane, stride = kSplit * kLanes;
+  const uint4* row = reinterpret_cast<const uint4*>(w + (has_col ? col : 0) * k);
+  uint4 early[kEarly];
+  for (int e = 0; e < kEarly; ++e)
+    if (has_col && first + e * stride < pieces) early[e] = row[first + e * stride];
+  wait_for_previous_kernel();
   float acc[kRows];
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-  if (col < n_out) {  // no early return: every thread reaches the shuffles and the barrier
-    const uint4* row = reinterpret_cast<const uint4*>(w + col * k);
-    for (int64_t i = (warp % kSplit) * kLanes + lane; i < pieces; i += kSplit * kLanes) {
-      float wf[kPer], xf[kPer];
-      unpack(row[i], wf);
-      for (int m = 0; m < kRows; ++m) {
-        unpack(reinterpret_cast<const uint4*>(x + m * x_stride)[i], xf);
-        for (int j = 0; j < kPer; ++j) acc[m] += wf[j] * xf[j];
-      }
-    }
-  }
+  for (int e = 0; e < kEarly; ++e)  // a fixed count: early[] stays in registers
+    if (has_col && first + e * stride < pieces)
+      accumulate<kRows>(acc, early[e], x, x_stride, first + e * stride);
+  for (int64_t i = first + kEarly * stride; has_col && i < pieces; i += stride)
+    accumulate<kRows>(acc, row[i], x, x_stride, i);
+  let_next_kernel_start();
   for (int m = 0; m < kRows; ++m) {
     for (int offset = kLanes / 2; offset > 0; offset /= 2)
       acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], offset);
     if (lane == 0) partial[warp][m] = acc[m];
   }
   __syncthreads();
-  if (col < n_out && lane == 0 && warp % kSplit == 0)
+  if (has_col && lane == 0 && warp % kSplit == 0)
     for (int m = 0; m < kRows; ++m) {
       float sum = 0.0f;
       for (int part = 0; part < kSplit; ++part) sum += partial[warp + part][m];

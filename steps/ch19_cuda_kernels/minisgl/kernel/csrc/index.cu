@@ -9,10 +9,12 @@ __global__ void masked_gather_kernel(Unit* __restrict__ out, const Unit* __restr
                                      const int64_t* __restrict__ ids, int64_t row_units,
                                      int64_t start, int64_t length) {
   const int64_t token = blockIdx.x;
+  wait_for_previous_kernel();  // ids may come from the step before
   const int64_t row = ids[token] - start;
   const bool inside = row >= 0 && row < length;
   for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x)
     out[token * row_units + i] = inside ? weights[row * row_units + i] : Unit{};
+  let_next_kernel_start();
 }
 
 template <typename Unit>

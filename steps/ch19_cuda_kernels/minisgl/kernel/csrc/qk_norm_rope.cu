@@ -31,6 +31,7 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ q, T* __restrict__ k, int64_
   T* x = is_q ? q + token * q_stride + head * head_dim
               : k + token * k_stride + (head - q_heads) * head_dim;
   const T* weight = is_q ? q_weight : k_weight;
+  wait_for_previous_kernel();  // q and k: the projection's output
   const float* row = cos_sin + positions[token] * head_dim;  // cos in the first half, sin after
 
   // Every load first, the table's too, so that their latencies overlap.
@@ -50,6 +51,7 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ q, T* __restrict__ k, int64_
   for (int offset = kLanes / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const float inv_rms = 1.0f / sqrtf(sum / static_cast<float>(head_dim) + eps);
+  let_next_kernel_start();
 
   for (int p = 0; p < kPairs; ++p) {
     const int i = lane + p * kLanes;

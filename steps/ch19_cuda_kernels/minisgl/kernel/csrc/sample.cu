@@ -62,6 +62,7 @@ __global__ void sample_kernel(int32_t* __restrict__ out, const T* __restrict__ l
   __shared__ int cols[kThreads];
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x;
+  wait_for_previous_kernel();  // the logits
   const T* x = logits + row * row_stride;
   const float temperature = temperatures[row];
   const float inv_t = temperature > 0.0f ? 1.0f / temperature : 0.0f;
@@ -84,6 +85,7 @@ __global__ void sample_kernel(int32_t* __restrict__ out, const T* __restrict__ l
       if (ahead(key, col, best, best_col)) best = key, best_col = col;
     }
   }
+  let_next_kernel_start();
   keys[t] = best;
   cols[t] = best_col;
   __syncthreads();

@@ -10,11 +10,13 @@ __global__ void store_kv_kernel(Unit* __restrict__ k_cache, Unit* __restrict__ v
                                 const Unit* __restrict__ k, const Unit* __restrict__ v,
                                 int64_t row_units, int64_t k_stride, int64_t v_stride) {
   const int64_t token = blockIdx.x;
+  wait_for_previous_kernel();  // k and v: the projection's output
   const int64_t slot = out_loc[token];
   for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) {
     k_cache[slot * row_units + i] = k[token * k_stride + i];
     v_cache[slot * row_units + i] = v[token * v_stride + i];
   }
+  let_next_kernel_start();
 }
 
 template <typename Unit>
