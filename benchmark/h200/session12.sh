@@ -13,8 +13,8 @@
 #            tree with MINISGL_PDL=0, .dev/old's tree.
 #   tests    carry .dev/smollm2-3: SmolLM2 and the tiny checkpoints built here, then the GPU
 #            tests of every chapter on this tree; the roofline's per-step record.
-#   ablate   carry [".whl", ".dev/smol-tok"], a fresh machine: chapter 21's timeline at batch 256,
-#            then its ablation table (one round each, transformers last) on this tree.
+#   ablate   carry [".whl", ".dev/smol-tok"], a fresh machine: chapter 21's ablation table (one
+#            round each, transformers last) on this tree, then its timeline at batch 256.
 # Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
 #   git archive BEFORE python steps benchmark tools | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
@@ -80,11 +80,11 @@ tests)
         --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
 ablate)
-    timeout 120 python3 benchmark/timeline.py --device cuda --model $M --batch 256 \
-        --json $R/timeline.json --plot $R/timeline.png > $R/timeline.txt 2>&1
-    tail -n 6 $R/timeline.txt
-    timeout 420 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+    timeout 440 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
         --ablate overlap cuda-graph custom-kernels radix page-16 --json $R/offline.json \
         --plot $R/offline.png > $R/offline.txt 2>&1
-    tail -n 12 $R/offline.txt ;;
+    tail -n 12 $R/offline.txt
+    timeout 60 python3 benchmark/timeline.py --device cuda --model $M --batch 256 \
+        --json $R/timeline.json --plot $R/timeline.png > $R/timeline.txt 2>&1
+    tail -n 6 $R/timeline.txt ;;
 esac
