@@ -31,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from report import columns, pad
+from timeline import merge, total
 
 CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kernels are not attention
     # the sampler: chapter 19's kernel, or the reference's argmax, softmax over the vocabulary
@@ -48,24 +49,10 @@ def category(name: str) -> str:
     return next((label for label, pattern in CATEGORIES if pattern.search(name)), "其余")
 
 
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals (microseconds in, seconds out)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total / 1e6
-
-
-def long_gaps_seconds(intervals: list[tuple[float, float]], longer_than_us: float) -> float:
-    """Idle time between the intervals, counting only the gaps longer than `longer_than_us`."""
-    total, reach = 0.0, None
-    for start, end in sorted(intervals):
-        if reach is not None and start - reach > longer_than_us:
-            total += start - reach
-        reach = end if reach is None else max(reach, end)
-    return total / 1e6
+def long_gaps(busy: list[tuple[float, float]], longer_than: float) -> float:
+    """Idle time between sorted, disjoint busy intervals, counting only the longer gaps."""
+    gaps = (start - end for (_, end), (start, _) in zip(busy, busy[1:]))
+    return sum(gap for gap in gaps if gap > longer_than)
 
 
 def decoding(scheduler) -> bool:
@@ -110,15 +97,16 @@ def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: i
             gpu[category(event.name)] += event.time_range.elapsed_us() / 1000 / steps
             kernels[event.name] += event.time_range.elapsed_us() / 1000 / steps
             intervals.append((event.time_range.start, event.time_range.end))
-    span = (max(end for _, end in intervals) - min(start for start, _ in intervals)) / 1e3
+    busy = merge(intervals)  # microseconds
+    span = (busy[-1][1] - busy[0][0]) / 1e3
     del scheduler  # the engine and its KV pool must go with the LLM
     llm.shutdown()
     gc.collect()
     torch.cuda.empty_cache()  # the next backend's pool is sized from free memory
     return {"wall": wall * 1000, "gpu": gpu, "kernels": kernels,
             "launches": len(intervals) / steps, "batch": sum(sizes) / len(sizes),
-            "span": span / steps, "busy": busy_seconds(intervals) * 1e3 / steps,
-            "long_gaps": long_gaps_seconds(intervals, 10.0) * 1e3 / steps}
+            "span": span / steps, "busy": total(busy) / 1e3 / steps,
+            "long_gaps": long_gaps(busy, 10.0) / 1e3 / steps}
 
 
 def main() -> int:

@@ -23,6 +23,20 @@ from processes import run_example
 CHAPTER = 19
 
 
+def kernel_bodies(source: str) -> dict[str, str]:
+    """Each __global__ function of a kernel source: its name -> its body."""
+    bodies = {}
+    for match in re.finditer(r"__global__\s+void\s+(\w+)\s*\(", source):
+        start = source.index("{", match.end())  # the parameters hold no braces
+        depth, end = 0, start
+        for end in range(start, len(source)):
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        bodies[match.group(1)] = source[start:end + 1]
+    return bodies
+
+
 @pytest.fixture
 def emulate():
     previous = cuda_kernels.set_mode("emulate")
@@ -49,6 +63,22 @@ def qkv_views(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: to
 
 # Rows of 64 and 2,048 bytes take the 16-byte path; 12 bytes the 4-byte one (rows 48 bytes
 # apart, k 24 bytes into them); 6 bytes the 2-byte one; 3 bytes the 1-byte one.
+@pytest.mark.parametrize("name", jit.KERNELS)
+def test_every_kernel_waits_for_the_kernel_before_it_then_lets_the_next_start(name):
+    """On a GPU of compute capability 9.0 and later LAUNCH starts every kernel early (PDL,
+    cuda_model.h): a kernel that read its input before the wait could see it half written, a
+    race that the emulator, whose launches run one after another, never shows."""
+    source = (jit.SOURCES / f"{name}.cu").read_text()
+    assert "<<<" not in source  # launched through LAUNCH only
+    bodies = kernel_bodies(source)
+    assert bodies
+    for kernel, body in bodies.items():
+        assert body.count("wait_for_previous_kernel();") == 1, kernel
+        assert body.count("let_next_kernel_start();") == 1, kernel
+        assert body.index("wait_for_previous_kernel();") < body.index(
+            "let_next_kernel_start();"), kernel
+
+
 @pytest.mark.parametrize("tokens", [0, 1, 7])
 @pytest.mark.parametrize("dtype, heads, head_dim", [
     (torch.float32, 2, 8), (torch.bfloat16, 8, 128), (torch.float32, 1, 3),

@@ -26,10 +26,11 @@ from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
-from decode_profile import busy_seconds, category  # noqa: E402
+from decode_profile import category  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from offline import official_workload  # noqa: E402
+from timeline import merge, total  # noqa: E402
 import pyspy  # noqa: E402
 
 
@@ -73,7 +74,7 @@ def main() -> int:
             by_category[category(event.name)] += seconds
             by_kernel[event.name] += seconds
             intervals.append((event.time_range.start, event.time_range.end))
-    busy = busy_seconds(intervals)
+    busy = total(merge(intervals)) / 1e6  # seconds
     print(f"under the profiler (GPU only): {wall:.2f} s wall, GPU busy {busy:.2f} s "
           f"({busy / wall:.1%}), kernel time {sum(by_category.values()):.2f} s in "
           f"{len(intervals):,} kernels")
