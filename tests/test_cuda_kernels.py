@@ -325,6 +325,29 @@ def test_gemv(emulate, rows, k):
     assert error <= 2**-7
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("k", [8, 264, 2056])
+def test_gated_gemv(emulate, rows, k):
+    """(silu(gate) * up) @ w.T for x = [gate | up] (the MLP's down projection): the
+    activation rounded to bfloat16 once, as FlashInfer's silu_and_mul rounds its output, then
+    summed as the plain GEMV; x is a slice of a wider tensor."""
+    gen = torch.Generator().manual_seed(rows * k + 1)
+    x = torch.randn(rows, 2 * k + 8, generator=gen).bfloat16()[:, : 2 * k]
+    w = torch.randn(10, k, generator=gen).bfloat16()
+    out = cuda_kernels.gemv(x, w, gated=True)
+    gate, up = x.float().chunk(2, dim=-1)
+    activation = (torch.nn.functional.silu(gate) * up).bfloat16()
+    want = activation.double() @ w.double().T
+    assert out is not None and out.shape == (rows, 10)
+    error = ((out.double() - want).abs() / want.abs().clamp(min=1)).max().item()
+    assert error <= 2**-7
+
+
+def test_gated_gemv_declines_an_input_that_is_not_gate_and_up(emulate):
+    assert cuda_kernels.gemv(bf16_zeros(2, 64), bf16_zeros(10, 64), gated=True) is None
+    assert cuda_kernels.gemv(bf16_zeros(2, 128), bf16_zeros(10, 64), gated=False) is None
+
+
 def bf16_zeros(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=torch.bfloat16)
 
@@ -361,6 +384,29 @@ def test_linear_takes_the_gemv_for_a_few_bfloat16_rows_only(emulate, monkeypatch
         else:  # float32 sums rounded once, then the bias: a last bit or two of bfloat16
             assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
     assert calls == [3, 5, 3]  # asked every time; it declined 5 rows and float32
+
+
+def test_the_mlp_down_projection_takes_the_gated_gemv_for_a_few_bfloat16_rows(emulate,
+                                                                              monkeypatch):
+    """kernel.silu_and_mul_linear: the gated GEMV for 1-4 rows of bfloat16; for more rows and
+    for float32, silu_and_mul then F.linear, exactly."""
+    from minisgl.kernel import silu_and_mul, silu_and_mul_linear
+
+    calls = []
+    real = cuda_kernels.gemv
+    monkeypatch.setattr(cuda_kernels, "gemv", lambda x, w, gated=False:
+                        calls.append((len(x), gated)) or real(x, w, gated))
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(12, 64, generator=gen)
+    for rows, dtype in [(3, torch.bfloat16), (5, torch.bfloat16), (3, torch.float32)]:
+        x = torch.randn(rows, 128, generator=gen).to(dtype)
+        got = silu_and_mul_linear(x, w.to(dtype))
+        want = torch.nn.functional.linear(silu_and_mul(x), w.to(dtype))
+        if dtype == torch.float32 or rows > 4:
+            assert torch.equal(got, want)
+        else:  # one rounding of the sums instead of bfloat16 matmul's
+            assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+    assert calls == [(3, True), (5, True), (3, True)]
 
 
 @pytest.fixture
