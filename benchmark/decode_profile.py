@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from minisgl.scheduler import Scheduler
 from report import columns, pad
 from timeline import merge, total
 
@@ -55,7 +56,7 @@ def long_gaps(busy: list[tuple[float, float]], longer_than: float) -> float:
     return sum(gap for gap in gaps if gap > longer_than)
 
 
-def decoding(scheduler) -> bool:
+def decoding(scheduler: Scheduler) -> bool:
     """Whether every request is prefilled and the step in flight is a decode step."""
     flight = scheduler.in_flight
     return flight is not None and flight.batch.is_decode and not scheduler.prefill.runnable

@@ -30,6 +30,13 @@ SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
           "down": (1024, 3072), "lm_head": (151936, 1024)}
 
 
+def weight_copies(n_out: int, k: int) -> list[torch.Tensor]:
+    """Random [n_out, k] weights, as many copies as make one cycle 4 x the L2 (at most 48)."""
+    count = max(1, min(48, -(-4 * L2_BYTES // (n_out * k * 2))))
+    return [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+            for _ in range(count)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4])
@@ -44,9 +51,7 @@ def main() -> None:
     total = {rows: [0.0, 0.0] for rows in args.rows}
     for name, (n_out, k) in SHAPES.items():
         nbytes = n_out * k * 2
-        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
-        weights = [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-                   for _ in range(copies)]
+        weights = weight_copies(n_out, k)
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ours = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(x, w)
@@ -65,8 +70,7 @@ def main() -> None:
         print(f"one decode step's projections (28 layers + LM head) at {rows} rows: "
               f"ours {ours / 1e3:.3f} ms, F.linear {theirs / 1e3:.3f} ms")
     n_out, k = SHAPES["down"]
-    weights = [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-               for _ in range(max(1, min(48, -(-4 * L2_BYTES // (n_out * k * 2)))))]
+    weights = weight_copies(n_out, k)
     for rows in args.rows:
         x = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
         two = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(silu_and_mul(x), w)

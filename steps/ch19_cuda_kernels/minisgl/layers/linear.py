@@ -67,11 +67,13 @@ class RowParallelLinear(Linear):
         super().__init__(input_shard, output_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = get_comm().all_reduce(linear(x, self.weight))
-        return y if self.bias is None else y + self.bias
+        return self._sum_over_ranks(linear(x, self.weight))
 
     def forward_gated(self, x: torch.Tensor) -> torch.Tensor:
         """forward(silu(gate) * up) for x = [this rank's gate | its up]: the MLP's activation
         and down projection as one op, which the GEMV runs as one kernel (chapter 19)."""
-        y = get_comm().all_reduce(silu_and_mul_linear(x, self.weight))
+        return self._sum_over_ranks(silu_and_mul_linear(x, self.weight))
+
+    def _sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
+        y = get_comm().all_reduce(partial)
         return y if self.bias is None else y + self.bias
