@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+import fake_flashinfer
 from conftest import TINY_QWEN3
+from minisgl.attention import FlashInferBackend
 from minisgl.core import SamplingParams
 from minisgl.kernel import cuda_kernels, jit
 from minisgl.kernel.norm import rms_norm
@@ -61,8 +64,6 @@ def qkv_views(tokens: int, q_heads: int, kv_heads: int, head_dim: int, dtype: to
     return qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
 
 
-# Rows of 64 and 2,048 bytes take the 16-byte path; 12 bytes the 4-byte one (rows 48 bytes
-# apart, k 24 bytes into them); 6 bytes the 2-byte one; 3 bytes the 1-byte one.
 @pytest.mark.parametrize("name", jit.KERNELS)
 def test_every_kernel_waits_for_the_kernel_before_it_then_lets_the_next_start(name):
     """On a GPU of compute capability 9.0 and later LAUNCH starts every kernel early (PDL,
@@ -79,6 +80,8 @@ def test_every_kernel_waits_for_the_kernel_before_it_then_lets_the_next_start(na
             "let_next_kernel_start();"), kernel
 
 
+# Rows of 64 and 2,048 bytes take the 16-byte path; 12 bytes the 4-byte one (rows 48 bytes
+# apart, k 24 bytes into them); 6 bytes the 2-byte one; 3 bytes the 1-byte one.
 @pytest.mark.parametrize("tokens", [0, 1, 7])
 @pytest.mark.parametrize("dtype, heads, head_dim", [
     (torch.float32, 2, 8), (torch.bfloat16, 8, 128), (torch.float32, 1, 3),
@@ -325,27 +328,80 @@ def test_gemv(emulate, rows, k):
     assert error <= 2**-7
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("k", [8, 264, 2056])
-def test_gated_gemv(emulate, rows, k):
-    """(silu(gate) * up) @ w.T for x = [gate | up] (the MLP's down projection): the
-    activation rounded to bfloat16 once, as FlashInfer's silu_and_mul rounds its output, then
-    summed as the plain GEMV; x is a slice of a wider tensor."""
-    gen = torch.Generator().manual_seed(rows * k + 1)
-    x = torch.randn(rows, 2 * k + 8, generator=gen).bfloat16()[:, : 2 * k]
-    w = torch.randn(10, k, generator=gen).bfloat16()
-    out = cuda_kernels.gemv(x, w, gated=True)
-    gate, up = x.float().chunk(2, dim=-1)
-    activation = (torch.nn.functional.silu(gate) * up).bfloat16()
-    want = activation.double() @ w.double().T
-    assert out is not None and out.shape == (rows, 10)
-    error = ((out.double() - want).abs() / want.abs().clamp(min=1)).max().item()
-    assert error <= 2**-7
+def decode_case(lengths: list[int], q_heads: int, kv_heads: int, head_dim: int,
+                dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """A pool, a page table whose rows hold scattered slots, and one decode token a request
+    (at position length - 1, its slot still holding another token's K and V)."""
+    gen = torch.Generator().manual_seed(seed)
+    slots, width = 4 * sum(lengths) + 8, max(lengths) + 5
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(dtype)
+    page_table = torch.randperm(slots, generator=gen)[: len(lengths) * width].int()
+    page_table = page_table.view(-1, width)
+    rows = torch.arange(len(lengths) - 1, -1, -1)  # request i in row n - 1 - i
+    positions = torch.tensor(lengths, dtype=torch.int64) - 1
+    tensors = [t.to(device) for t in (k_cache, v_cache, page_table, rows, positions)]
+    q, k, v = (t.to(device) for t in qkv_views(len(lengths), q_heads, kv_heads, head_dim, dtype,
+                                               gen))
+    return dict(q=q.view(-1, q_heads, head_dim), k=k.view(-1, kv_heads, head_dim),
+                v=v.view(-1, kv_heads, head_dim), k_cache=tensors[0], v_cache=tensors[1],
+                page_table=tensors[2], rows=tensors[3], positions=tensors[4],
+                out_loc=tensors[2][tensors[3], tensors[4]].long())
 
 
-def test_gated_gemv_declines_an_input_that_is_not_gate_and_up(emulate):
-    assert cuda_kernels.gemv(bf16_zeros(2, 64), bf16_zeros(10, 64), gated=True) is None
-    assert cuda_kernels.gemv(bf16_zeros(2, 128), bf16_zeros(10, 64), gated=False) is None
+def reference_decode_attention(case: dict, scale: float) -> torch.Tensor:
+    """In float64 on the CPU: each request's cached keys from the pool, then its new one."""
+    case = {name: t.cpu() for name, t in case.items()}
+    outs = []
+    for i, (row, position) in enumerate(zip(case["rows"], case["positions"])):
+        cached = case["page_table"][row, :position].long()
+        keys = torch.cat([case["k_cache"][cached], case["k"][i: i + 1]]).double()
+        values = torch.cat([case["v_cache"][cached], case["v"][i: i + 1]]).double()
+        group = case["q"].shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        scores = torch.einsum("hd,thd->ht", case["q"][i].double(), keys) * scale
+        outs.append(torch.einsum("ht,thd->hd", scores.softmax(-1), values))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype, q_heads, kv_heads, head_dim", [
+    (torch.float32, 4, 2, 64), (torch.bfloat16, 16, 8, 128), (torch.float32, 3, 3, 256),
+    (torch.bfloat16, 9, 3, 64), (torch.float32, 8, 4, 32)])
+@pytest.mark.parametrize("lengths, splits", [
+    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16)])
+def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, splits):
+    """Split into chunks (some of them empty: more chunks than tokens), merged by the last
+    chunk to finish; the new K and V stored at out_loc; the counters left at zero, so that a
+    second launch (a graph's replay) gives the same result."""
+    case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
+    scale = head_dim ** -0.5
+    want = reference_decode_attention(case, scale)
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), q_heads, head_dim, splits,
+                                                    torch.device("cpu"))
+    out = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    assert out is not None and out.shape == case["q"].shape and out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # one rounding to bfloat16
+    assert (out.double() - want).abs().max().item() <= tolerance * max(1, want.abs().max())
+    assert torch.equal(case["k_cache"][case["out_loc"]], case["k"])
+    assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
+    assert not scratch[1].any()
+    again = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    assert again is not None and torch.equal(again, out)
+
+
+def test_decode_attention_declines_what_it_does_not_take(emulate):
+    case = decode_case([5, 6], 4, 2, 64, torch.float32, seed=0)
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 64, 2, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
+    too_small = cuda_kernels.decode_attention_scratch(2, 4, 64, 1, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
+    for name, bad in [("page_table", case["page_table"].long()),
+                      ("positions", case["positions"].int()),
+                      ("k_cache", case["k_cache"].transpose(0, 1).contiguous().transpose(0, 1))]:
+        assert cuda_kernels.decode_attention(**(case | {name: bad}), scale=0.1, splits=2,
+                                             scratch=scratch) is None, name
+    odd = decode_case([5], 2, 1, 48, torch.float32, seed=0)  # a head size it is not built for
+    assert cuda_kernels.decode_attention(**odd, scale=0.1, splits=1, scratch=scratch) is None
 
 
 def bf16_zeros(*shape: int) -> torch.Tensor:
@@ -384,29 +440,6 @@ def test_linear_takes_the_gemv_for_a_few_bfloat16_rows_only(emulate, monkeypatch
         else:  # float32 sums rounded once, then the bias: a last bit or two of bfloat16
             assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
     assert calls == [3, 5, 3]  # asked every time; it declined 5 rows and float32
-
-
-def test_the_mlp_down_projection_takes_the_gated_gemv_for_a_few_bfloat16_rows(emulate,
-                                                                              monkeypatch):
-    """kernel.silu_and_mul_linear: the gated GEMV for 1-4 rows of bfloat16; for more rows and
-    for float32, silu_and_mul then F.linear, exactly."""
-    from minisgl.kernel import silu_and_mul, silu_and_mul_linear
-
-    calls = []
-    real = cuda_kernels.gemv
-    monkeypatch.setattr(cuda_kernels, "gemv", lambda x, w, gated=False:
-                        calls.append((len(x), gated)) or real(x, w, gated))
-    gen = torch.Generator().manual_seed(1)
-    w = torch.randn(12, 64, generator=gen)
-    for rows, dtype in [(3, torch.bfloat16), (5, torch.bfloat16), (3, torch.float32)]:
-        x = torch.randn(rows, 128, generator=gen).to(dtype)
-        got = silu_and_mul_linear(x, w.to(dtype))
-        want = torch.nn.functional.linear(silu_and_mul(x), w.to(dtype))
-        if dtype == torch.float32 or rows > 4:
-            assert torch.equal(got, want)
-        else:  # one rounding of the sums instead of bfloat16 matmul's
-            assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
-    assert calls == [(3, True), (5, True), (3, True)]
 
 
 @pytest.fixture
@@ -577,6 +610,32 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
     expected = [hf_greedy(hf, tokenizer(p).input_ids, 8) for p in prompts]
     assert outs["emulate"] == outs["off"] == expected
     assert answers == {"store_kv": {True}, "masked_gather": {True}, "qk_norm_rope": {True}}
+
+
+def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch, hf_model,
+                                                        hf_tokenizer, hf_greedy):
+    """The FlashInfer backend (the fake package) with emulated graphs and kernels: decode steps
+    of up to OWN_DECODE_MAX_BATCH requests replay our kernel, which stores and attends, in
+    place of store_kv and FlashInfer's decode; the tokens stay transformers' greedy."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
+                        classmethod(lambda cls, *args: None))
+    launches = []
+    real = cuda_kernels.decode_attention
+    monkeypatch.setattr(cuda_kernels, "decode_attention",
+                        lambda q, *a, **kw: launches.append(len(q)) or real(q, *a, **kw))
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
+    llm = LLM(str(models_dir / TINY_QWEN3), attention_backend="flashinfer", cuda_graph="emulate",
+              custom_kernels="emulate", max_running_req=4, num_page_override=128,
+              max_seq_len_override=64, page_size=4)
+    try:
+        outs = [o["token_ids"] for o in llm.generate(
+            prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
+    finally:
+        llm.shutdown()
+    tokenizer = hf_tokenizer(TINY_QWEN3)
+    assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
+    assert launches and set(launches) <= {1, 2, 4}  # the captured sizes, padded rows included
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

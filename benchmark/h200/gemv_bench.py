@@ -5,8 +5,7 @@ in them, reading 1.19 GB of weights at about 1.4 TB/s).
 Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
 of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until one cycle holds
 4 x the L2, with kernel_bench.py's L2 size and turn-taking, so each call reads its weight from
-memory. TB/s counts the weight's bytes only. Last, the MLP's activation and down projection:
-silu_and_mul then the GEMV (two kernels) against the gated GEMV (one).
+memory. TB/s counts the weight's bytes only.
 
     python benchmark/h200/gemv_bench.py [--rows 1 2 3 4]
 """
@@ -24,17 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 from kernel_bench import L2_BYTES, cycling  # noqa: E402  (the same L2 and turn-taking)
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
-from minisgl.kernel import cuda_kernels, silu_and_mul  # noqa: E402
+from minisgl.kernel import cuda_kernels  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
           "down": (1024, 3072), "lm_head": (151936, 1024)}
-
-
-def weight_copies(n_out: int, k: int) -> list[torch.Tensor]:
-    """Random [n_out, k] weights, as many copies as make one cycle 4 x the L2 (at most 48)."""
-    count = max(1, min(48, -(-4 * L2_BYTES // (n_out * k * 2))))
-    return [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-            for _ in range(count)]
 
 
 def main() -> None:
@@ -51,7 +43,9 @@ def main() -> None:
     total = {rows: [0.0, 0.0] for rows in args.rows}
     for name, (n_out, k) in SHAPES.items():
         nbytes = n_out * k * 2
-        weights = weight_copies(n_out, k)
+        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
+        weights = [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+                   for _ in range(copies)]
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ours = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(x, w)
@@ -69,19 +63,6 @@ def main() -> None:
     for rows, (ours, theirs) in total.items():
         print(f"one decode step's projections (28 layers + LM head) at {rows} rows: "
               f"ours {ours / 1e3:.3f} ms, F.linear {theirs / 1e3:.3f} ms")
-    n_out, k = SHAPES["down"]
-    weights = weight_copies(n_out, k)
-    for rows in args.rows:
-        x = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
-        two = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(silu_and_mul(x), w)
-                                         for w in weights]), args.iters, args.rounds)
-        one = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(x, w, gated=True)
-                                         for w in weights]), args.iters, args.rounds)
-        diff = (cuda_kernels.gemv(x, weights[0], gated=True).float()
-                - cuda_kernels.gemv(silu_and_mul(x), weights[0]).float()).abs().max().item()
-        print(f"activation + down at {rows} rows: silu_and_mul then GEMV {two:.2f} µs, gated "
-              f"GEMV {one:.2f} µs ({two / one:.2f}x), max |diff| {diff:.4f}; "
-              f"28 layers: {(two - one) * 28 / 1e3:.3f} ms saved a step")
 
 
 if __name__ == "__main__":

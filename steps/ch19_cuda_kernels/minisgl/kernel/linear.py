@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 
 from . import cuda_kernels
-from .activation import silu_and_mul
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
@@ -15,13 +14,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     if cuda_kernels.target_for(x) and (y := cuda_kernels.gemv(x, weight)) is not None:
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
-
-
-def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu_and_mul(x) @ weight.T for x = [gate | up]: the MLP's activation and down
-    projection. For a few rows the GEMV applies the activation as it reads x (one kernel
-    instead of two, no activation tensor); otherwise the two ops one after the other."""
-    if (cuda_kernels.target_for(x)
-            and (y := cuda_kernels.gemv(x, weight, gated=True)) is not None):
-        return y
-    return F.linear(silu_and_mul(x), weight)

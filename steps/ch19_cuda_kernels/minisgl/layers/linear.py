@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.distributed import get_comm, get_tp_info
-from minisgl.kernel import linear, silu_and_mul_linear
+from minisgl.kernel import linear
 
 from .base import BaseOP, meta_param
 
@@ -67,13 +67,5 @@ class RowParallelLinear(Linear):
         super().__init__(input_shard, output_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._sum_over_ranks(linear(x, self.weight))
-
-    def forward_gated(self, x: torch.Tensor) -> torch.Tensor:
-        """forward(silu(gate) * up) for x = [this rank's gate | its up]: the MLP's activation
-        and down projection as one op, which the GEMV runs as one kernel (chapter 19)."""
-        return self._sum_over_ranks(silu_and_mul_linear(x, self.weight))
-
-    def _sum_over_ranks(self, partial: torch.Tensor) -> torch.Tensor:
-        y = get_comm().all_reduce(partial)
+        y = get_comm().all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias

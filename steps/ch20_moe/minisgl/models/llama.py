@@ -8,7 +8,7 @@ from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
 from minisgl.layers import (AttentionLayer, BaseOP, Embedding, FusedAddRMSNorm, LMHead,
                             MergedLinear, OPList, QKVLinear, RMSNorm, RotaryEmbedding,
-                            RowParallelLinear)
+                            RowParallelLinear, SiluAndMul)
 
 from .base import CausalLM
 from .config import ModelConfig
@@ -40,10 +40,10 @@ class GatedMLP(BaseOP):
     def __init__(self, config: ModelConfig) -> None:
         self.gate_up_proj = MergedLinear(config.hidden_size, [config.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
+        self._act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # SwiGLU: silu(gate) * up, then down_proj, in one op (chapter 19 fuses the two)
-        return self.down_proj.forward_gated(self.gate_up_proj.forward(x))
+        return self.down_proj.forward(self._act.forward(self.gate_up_proj.forward(x)))
 
 
 class DecoderLayer(BaseOP):

@@ -7,12 +7,6 @@
 // weights (float32 runs on the CPU go to the reference matmul). x [rows, k] and y [rows, n_out]
 // are row-major, rows `x_stride` / `y_stride` elements apart; w is contiguous; k is a multiple
 // of 8 and every row starts 16-byte aligned (the Python wrapper checks).
-//
-// Gated (the MLP's down projection): x [rows, 2k] holds [gate | up], and the kernel multiplies
-// w by silu(gate) * up, computed as it reads x and rounded to bfloat16 where the activation's
-// own kernel would round its output: one launch instead of two, and no activation tensor.
-#include <cmath>
-
 #include "cuda_model.h"
 
 constexpr int kLanes = 32;
@@ -28,28 +22,15 @@ HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
   }
 }
 
-// Piece i of row m of the GEMV's input: of x itself, or gated, silu(gate) * up from the two
-// halves of x's row (`pieces` pieces apart), rounded to bfloat16 as the activation's output is.
-template <bool kGated>
-HOST_DEVICE inline void input_piece(const bf16* x_row, int64_t i, int64_t pieces, float* out) {
-  const uint4* row = reinterpret_cast<const uint4*>(x_row);
-  unpack(row[i], out);
-  if (!kGated) return;
-  float up[8];
-  unpack(row[i + pieces], up);
-  for (int j = 0; j < 8; ++j)
-    out[j] = to_float(from_float<bf16>(out[j] / (1.0f + expf(-out[j])) * up[j]));
-}
-
-// Adds piece i of a weight row, times piece i of every row of the input, into acc.
-template <int kRows, bool kGated>
+// Adds piece i of a weight row, times piece i of every row of x, into acc.
+template <int kRows>
 HOST_DEVICE inline void accumulate(float* acc, const uint4& piece, const bf16* x,
-                                   int64_t x_stride, int64_t i, int64_t pieces) {
+                                   int64_t x_stride, int64_t i) {
   constexpr int kPer = 8;  // bfloat16 in a 16-byte piece
   float wf[kPer], xf[kPer];
   unpack(piece, wf);
   for (int m = 0; m < kRows; ++m) {
-    input_piece<kGated>(x + m * x_stride, i, pieces, xf);
+    unpack(reinterpret_cast<const uint4*>(x + m * x_stride)[i], xf);
     for (int j = 0; j < kPer; ++j) acc[m] += wf[j] * xf[j];
   }
 }
@@ -61,7 +42,7 @@ HOST_DEVICE inline void accumulate(float* acc, const uint4& piece, const bf16* x
 // A lane's first kEarly pieces of the weight are loaded before waiting for the kernel that
 // writes x (PDL, cuda_model.h): the weight is never written, so under PDL these loads overlap
 // that kernel's end. Qwen3-0.6B's rows are 3 or 4 pieces a lane: all of them.
-template <int kRows, int kSplit, bool kGated>
+template <int kRows, int kSplit>
 __global__ void gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x,
                             const bf16* __restrict__ w, int64_t n_out, int64_t k,
                             int64_t x_stride, int64_t y_stride) {
@@ -80,9 +61,9 @@ __global__ void gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x,
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
   for (int e = 0; e < kEarly; ++e)  // a fixed count: early[] stays in registers
     if (has_col && first + e * stride < pieces)
-      accumulate<kRows, kGated>(acc, early[e], x, x_stride, first + e * stride, pieces);
+      accumulate<kRows>(acc, early[e], x, x_stride, first + e * stride);
   for (int64_t i = first + kEarly * stride; has_col && i < pieces; i += stride)
-    accumulate<kRows, kGated>(acc, row[i], x, x_stride, i, pieces);
+    accumulate<kRows>(acc, row[i], x, x_stride, i);
   let_next_kernel_start();
   for (int m = 0; m < kRows; ++m) {
     for (int offset = kLanes / 2; offset > 0; offset /= 2)
@@ -98,48 +79,36 @@ __global__ void gemv_kernel(bf16* __restrict__ y, const bf16* __restrict__ x,
     }
 }
 
-template <int kRows, int kSplit, bool kGated>
+template <int kRows, int kSplit>
 static void launch_gemv(void* y, const void* x, const void* w, int64_t n_out, int64_t k,
                         int64_t x_stride, int64_t y_stride, void* stream) {
   constexpr int columns_per_block = kWarps / kSplit;
-  auto kernel = gemv_kernel<kRows, kSplit, kGated>;
+  auto kernel = gemv_kernel<kRows, kSplit>;
   LAUNCH(kernel, dim3((n_out + columns_per_block - 1) / columns_per_block),
          dim3(kLanes * kWarps), stream, static_cast<bf16*>(y), static_cast<const bf16*>(x),
          static_cast<const bf16*>(w), n_out, k, x_stride, y_stride);
 }
 
-template <int kSplit, bool kGated>
+template <int kSplit>
 static void launch_rows(int64_t rows, void* y, const void* x, const void* w, int64_t n_out,
                         int64_t k, int64_t x_stride, int64_t y_stride, void* stream) {
   using Launch = void (*)(void*, const void*, const void*, int64_t, int64_t, int64_t, int64_t,
                           void*);
-  const Launch by_rows[kMaxRows] = {
-      launch_gemv<1, kSplit, kGated>, launch_gemv<2, kSplit, kGated>,
-      launch_gemv<3, kSplit, kGated>, launch_gemv<4, kSplit, kGated>};
+  const Launch by_rows[kMaxRows] = {launch_gemv<1, kSplit>, launch_gemv<2, kSplit>,
+                                    launch_gemv<3, kSplit>, launch_gemv<4, kSplit>};
   by_rows[rows - 1](y, x, w, n_out, k, x_stride, y_stride, stream);
 }
 
-template <bool kGated>
-static void launch_split(int64_t rows, void* y, const void* x, const void* w, int64_t n_out,
-                         int64_t k, int64_t x_stride, int64_t y_stride, void* stream) {
-  // A row of 2,048 or more elements is 256+ pieces: 2+ per lane even split four ways.
-  if (k >= 2048)
-    launch_rows<kWarps, kGated>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
-  else
-    launch_rows<1, kGated>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
-}
-
-// gated: 0 y = x @ w.T; 1 y = (silu(x[:, :k]) * x[:, k:]) @ w.T. Returns a CUDA error code
-// (0: none); -1 for more than 4 rows.
+// Returns a CUDA error code (0: none); -1 for more than 4 rows.
 extern "C" int minisgl_gemv(void* y, const void* x, const void* w, int64_t rows, int64_t n_out,
-                            int64_t k, int64_t x_stride, int64_t y_stride, int gated,
-                            void* stream) {
+                            int64_t k, int64_t x_stride, int64_t y_stride, void* stream) {
   if (rows < 0 || rows > kMaxRows) return -1;
   if (rows == 0 || n_out == 0) return 0;
-  if (gated)
-    launch_split<true>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
+  // A row of 2,048 or more elements is 256+ pieces: 2+ per lane even split four ways.
+  if (k >= 2048)
+    launch_rows<kWarps>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
   else
-    launch_split<false>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
+    launch_rows<1>(rows, y, x, w, n_out, k, x_stride, y_stride, stream);
 #ifdef __CUDACC__
   return static_cast<int>(cudaGetLastError());
 #else
