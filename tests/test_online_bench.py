@@ -214,13 +214,19 @@ def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, caps
         assert 4 <= r["requested_tokens"] <= 8 and 16 <= r["prompt_tokens"] <= 32
         assert 0 < r["ttft"] <= r["e2e"]
         assert r["sent"] >= r["arrival"] - 0.01
-        # One gap per text chunk: a token whose text is not complete yet (part of a UTF-8
-        # character) arrives with the next one.
-        assert 1 <= len(r["itl"]) <= r["output_tokens"] - 1
+        # One gap per text chunk, and fewer chunks than tokens: a token whose text is not
+        # complete yet (part of a UTF-8 character) arrives with the next one, and so do replies
+        # that queue up while the API server is busy (ch15: they go out together), which on a
+        # loaded machine can be the whole answer at once.
+        assert 0 <= len(r["itl"]) <= r["output_tokens"] - 1
     assert run["output_tokens"] == sum(r["requested_tokens"] for r in run["requests"])
-    for key in ("ttft_ms", "itl_ms", "e2e_ms", "tpot_ms"):
+    for key in ("ttft_ms", "e2e_ms", "tpot_ms"):
         s = run[key]
         assert 0 < s["p50"] <= s["p90"] <= s["p99"]
+    gaps = [gap for r in run["requests"] for gap in r["itl"]]
+    s = run["itl_ms"]
+    assert (s["p50"] is None) == (not gaps)
+    assert not gaps or 0 < s["p50"] <= s["p90"] <= s["p99"]
     assert run["ttft_ms"]["p99"] <= run["e2e_ms"]["p99"]
     assert run["request_throughput"] == pytest.approx(5 / run["duration_s"])
     assert run["output_throughput"] > 0
@@ -245,7 +251,8 @@ def test_each_client_reads_chat_streams_to_the_exact_length(tmp_path, capsys, cl
     [run] = json.loads(out.read_text(encoding="utf-8"))["runs"]
     assert (run["completed"], run["failed"]) == (4, 0)
     assert run["exact_output_lengths"] and run["output_tokens"] == 4 * 6
-    assert all(r["ttft"] > 0 and r["itl"] for r in run["requests"])
+    # A request's text may come in one chunk (test_a_small_run_completes_every_request_...)
+    assert all(r["ttft"] > 0 and len(r["itl"]) <= 5 for r in run["requests"])
 
 
 def test_a_server_that_cannot_start_fails_the_run_with_its_message(capsys):
