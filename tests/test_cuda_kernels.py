@@ -368,7 +368,7 @@ def reference_decode_attention(case: dict, scale: float) -> torch.Tensor:
     (torch.float32, 4, 2, 64), (torch.bfloat16, 16, 8, 128), (torch.float32, 3, 3, 256),
     (torch.bfloat16, 9, 3, 64), (torch.float32, 8, 4, 32)])
 @pytest.mark.parametrize("lengths, splits", [
-    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16)])
+    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16), ([300], 64)])
 def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, splits):
     """Split into chunks (some of them empty: more chunks than tokens), merged by the last
     chunk to finish; the new K and V stored at out_loc; the counters left at zero, so that a
@@ -395,6 +395,8 @@ def test_decode_attention_declines_what_it_does_not_take(emulate):
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
     too_small = cuda_kernels.decode_attention_scratch(2, 4, 64, 1, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
+    enough = cuda_kernels.decode_attention_scratch(2, 4, 64, 65, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=65, scratch=enough) is None
     for name, bad in [("page_table", case["page_table"].long()),
                       ("positions", case["positions"].int()),
                       ("k_cache", case["k_cache"].transpose(0, 1).contiguous().transpose(0, 1))]:

@@ -26,7 +26,7 @@ HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
 # to keep the GPU busy at batch 1 (benchmark/h200/decode_attention.py --graph).
 OWN_DECODE_MAX_BATCH = 8
 # Ours cuts each request into `splits` chunks, a warp each: enough for every SM to hold a few.
-WARPS_PER_SM, MAX_SPLITS = 4, 64
+WARPS_PER_SM = 4
 
 
 @dataclass
@@ -203,7 +203,8 @@ class FlashInferBackend(BaseAttentionBackend):
 
     def _splits(self, batch_size: int) -> int:
         warps = WARPS_PER_SM * self.sm_count
-        return max(1, min(MAX_SPLITS, -(-warps // (batch_size * self.num_qo_heads))))
+        return max(1, min(cuda_kernels.DECODE_ATTENTION_MAX_SPLITS,
+                          -(-warps // (batch_size * self.num_qo_heads))))
 
     def capture_metadata(self, batch_size: int) -> FlashInferMetadata | OwnDecodeMetadata:
         import flashinfer

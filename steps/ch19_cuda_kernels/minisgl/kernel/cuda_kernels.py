@@ -197,6 +197,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
 
 
 DECODE_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)  # a lane holds 1, 2, 4 or 8 of a head's values
+DECODE_ATTENTION_MAX_SPLITS = 64  # the merge's lanes hold two chunks each
 
 
 def decode_attention_scratch(num_reqs: int, q_heads: int, head_dim: int, splits: int,
@@ -225,7 +226,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             and _rows(q) and _rows(k) and k_cache.shape[1:] == v_cache.shape[1:] == k.shape[1:]
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and page_table.dtype == torch.int32 and page_table.dim() == 2
-            and page_table.is_contiguous() and splits >= 1
+            and page_table.is_contiguous() and 1 <= splits <= DECODE_ATTENTION_MAX_SPLITS
             and all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous()
                     for t in (rows, positions, out_loc))
             and partial.dtype == torch.float32 and finished.dtype == torch.int32

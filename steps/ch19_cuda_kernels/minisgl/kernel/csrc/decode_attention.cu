@@ -19,6 +19,7 @@
 
 constexpr int kLanes = 32;  // a warp, and a block
 constexpr int kTile = 8;    // tokens a warp loads before it computes: their latencies overlap
+constexpr int kMaxSplits = 2 * kLanes;  // the merge gives each lane two chunks' weights
 
 // One warp: request blockIdx.z, query head blockIdx.y, chunk blockIdx.x. Lane l holds elements
 // [l * kPer, (l + 1) * kPer) of each head vector (head_dim = 32 * kPer).
@@ -116,16 +117,30 @@ __global__ void decode_attention_kernel(
   if (arrived != splits - 1) return;
   __threadfence();  // the other warps' partials, read after their counts
 
+  // Chunk s weighs exp(m_s - max of all m). Lane l takes chunks l and l + 32: the maxima and
+  // the sums are read at once and added across the warp, instead of one chunk after another.
   const int64_t first_partial = (req * q_heads + head) * splits;
-  float overall_max = -INFINITY, total = 0.0f, merged[kPer] = {};
-  for (int64_t s = 0; s < splits; ++s)
-    overall_max = fmaxf(overall_max, partial_max[first_partial + s]);
-  for (int64_t s = 0; s < splits; ++s) {
-    const float weight = expf(partial_max[first_partial + s] - overall_max);
-    total += weight * partial_sum[first_partial + s];
-    for (int i = 0; i < kPer; ++i)
-      merged[i] += weight * partial_out[(first_partial + s) * head_dim + lane * kPer + i];
+  float chunk_max[2], chunk_sum[2], overall_max = -INFINITY, total = 0.0f;
+  for (int c = 0; c < 2; ++c) {
+    const int64_t s = lane + c * kLanes;
+    chunk_max[c] = s < splits ? partial_max[first_partial + s] : -INFINITY;
+    chunk_sum[c] = s < splits ? partial_sum[first_partial + s] : 0.0f;
+    overall_max = fmaxf(overall_max, chunk_max[c]);
   }
+  for (int offset = kLanes / 2; offset > 0; offset /= 2)
+    overall_max = fmaxf(overall_max, __shfl_xor_sync(0xffffffffu, overall_max, offset));
+  __shared__ float chunk_weight[kMaxSplits];
+  for (int c = 0; c < 2; ++c) {
+    chunk_weight[lane + c * kLanes] = expf(chunk_max[c] - overall_max);  // 0 if empty
+    total += chunk_weight[lane + c * kLanes] * chunk_sum[c];
+  }
+  for (int offset = kLanes / 2; offset > 0; offset /= 2)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  __syncthreads();  // every lane's weights written
+  float merged[kPer] = {};
+  for (int64_t s = 0; s < splits; ++s)
+    for (int i = 0; i < kPer; ++i)
+      merged[i] += chunk_weight[s] * partial_out[(first_partial + s) * head_dim + lane * kPer + i];
   for (int i = 0; i < kPer; ++i)
     out[(req * q_heads + head) * head_dim + lane * kPer + i] = from_float<T>(merged[i] / total);
   if (lane == 0) finished[req * q_heads + head] = 0;  // ready for the next launch
@@ -158,7 +173,8 @@ static void launch_decode_attention(void* out, const void* q, const void* k_new,
 // apart (views into the fused qkv projection); caches [slots, kv_heads, head_dim]; scratch holds
 // reqs * q_heads * splits * (head_dim + 2) floats; finished, reqs * q_heads counters, all zero
 // (each launch leaves them so). dtype: 0 float32, 1 bfloat16. Returns a CUDA error code (0:
-// none); -1 for a head size the kernel is not compiled for (32, 64, 128, 256).
+// none); -1 for a head size the kernel is not compiled for (32, 64, 128, 256) or more than
+// kMaxSplits chunks.
 extern "C" int minisgl_decode_attention(
     void* out, const void* q, const void* k_new, const void* v_new, int64_t q_stride,
     int64_t kv_stride, void* k_cache, void* v_cache, const int32_t* page_table,
@@ -166,6 +182,7 @@ extern "C" int minisgl_decode_attention(
     int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t splits,
     float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
   if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256) return -1;
+  if (splits < 1 || splits > kMaxSplits) return -1;
   if (num_reqs == 0) return 0;
   if (dtype == 0)
     launch_decode_attention<float>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
