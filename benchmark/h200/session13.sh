@@ -14,7 +14,8 @@
 #   measure  carry .dev/smollm2-2: the official workload, three rounds each, this tree and
 #            .dev/old's, in turn.
 #   tests    carry .dev/smollm2-3: SmolLM2 and the tiny checkpoints built here, then the GPU
-#            tests of every chapter on this tree; the roofline's per-step record.
+#            tests of every chapter on this tree; chapter 19's main on its own tree; the
+#            roofline's per-step record.
 # Before the first call, here:  rm -rf .dev/old && mkdir -p .dev/old &&
 #   git archive BEFORE python steps benchmark tools | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
@@ -73,6 +74,9 @@ tests)
         tests/test_cuda_graph_cuda.py tests/test_gpu_attention_cuda.py tests/test_fused_moe_cuda.py \
         > $R/pytest_gpu.txt 2>&1
     tail -n 15 $R/pytest_gpu.txt
+    python3 tools/steps.py build 19 /tmp/ch19 > /dev/null  # models/ links to the checkpoints
+    (cd /tmp/ch19 && timeout 120 python3 main.py > $R/ch19_main.txt 2>&1)
+    tail -n 12 $R/ch19_main.txt
     timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
