@@ -58,7 +58,6 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void
 
 #else  // the emulator
 
-#include <atomic>
 #include <barrier>
 #include <functional>
 #include <thread>
@@ -124,12 +123,6 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
   __syncthreads();  // no thread writes its next value before its partner has read this one
   return theirs;
 }
-
-// Blocks run one after another, so these only need to be right among a block's threads.
-inline int32_t atomicAdd(int32_t* address, int32_t value) {
-  return std::atomic_ref<int32_t>(*address).fetch_add(value);
-}
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 #define LAUNCH(kernel, grid, block, stream, ...) \
   emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })
