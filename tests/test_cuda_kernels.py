@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
 
+import fake_flashinfer
 from conftest import TINY_QWEN3
+from minisgl.attention import FlashInferBackend
 from minisgl.core import SamplingParams
 from minisgl.kernel import cuda_kernels, jit
 from minisgl.kernel.norm import rms_norm
@@ -325,6 +328,84 @@ def test_gemv(emulate, rows, k):
     assert error <= 2**-7
 
 
+def decode_case(lengths: list[int], q_heads: int, kv_heads: int, head_dim: int,
+                dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
+    """A pool, a page table whose rows hold scattered slots, and one decode token a request
+    (at position length - 1, its slot still holding another token's K and V)."""
+    gen = torch.Generator().manual_seed(seed)
+    slots, width = 4 * sum(lengths) + 8, max(lengths) + 5
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen).to(dtype)
+    page_table = torch.randperm(slots, generator=gen)[: len(lengths) * width].int()
+    page_table = page_table.view(-1, width)
+    rows = torch.arange(len(lengths) - 1, -1, -1)  # request i in row n - 1 - i
+    positions = torch.tensor(lengths, dtype=torch.int64) - 1
+    tensors = [t.to(device) for t in (k_cache, v_cache, page_table, rows, positions)]
+    q, k, v = (t.to(device) for t in qkv_views(len(lengths), q_heads, kv_heads, head_dim, dtype,
+                                               gen))
+    return dict(q=q.view(-1, q_heads, head_dim), k=k.view(-1, kv_heads, head_dim),
+                v=v.view(-1, kv_heads, head_dim), k_cache=tensors[0], v_cache=tensors[1],
+                page_table=tensors[2], rows=tensors[3], positions=tensors[4],
+                out_loc=tensors[2][tensors[3], tensors[4]].long())
+
+
+def reference_decode_attention(case: dict, scale: float) -> torch.Tensor:
+    """In float64 on the CPU: each request's cached keys from the pool, then its new one."""
+    case = {name: t.cpu() for name, t in case.items()}
+    outs = []
+    for i, (row, position) in enumerate(zip(case["rows"], case["positions"])):
+        cached = case["page_table"][row, :position].long()
+        keys = torch.cat([case["k_cache"][cached], case["k"][i: i + 1]]).double()
+        values = torch.cat([case["v_cache"][cached], case["v"][i: i + 1]]).double()
+        group = case["q"].shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        scores = torch.einsum("hd,thd->ht", case["q"][i].double(), keys) * scale
+        outs.append(torch.einsum("ht,thd->hd", scores.softmax(-1), values))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype, q_heads, kv_heads, head_dim", [
+    (torch.float32, 4, 2, 64), (torch.bfloat16, 16, 8, 128), (torch.float32, 3, 3, 256),
+    (torch.bfloat16, 9, 3, 64), (torch.float32, 8, 4, 32)])
+@pytest.mark.parametrize("lengths, splits", [
+    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16), ([600], 64)])
+def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, splits):
+    """Split into chunks (some of them empty: more chunks than tokens), merged by the last
+    chunk to finish; the new K and V stored at out_loc; the counters left at zero, so that a
+    second launch (a graph's replay) gives the same result."""
+    case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
+    scale = head_dim ** -0.5
+    want = reference_decode_attention(case, scale)
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), q_heads, head_dim, splits,
+                                                    torch.device("cpu"))
+    out = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    assert out is not None and out.shape == case["q"].shape and out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # one rounding to bfloat16
+    assert (out.double() - want).abs().max().item() <= tolerance * max(1, want.abs().max())
+    assert torch.equal(case["k_cache"][case["out_loc"]], case["k"])
+    assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
+    assert not scratch[1].any()
+    again = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    assert again is not None and torch.equal(again, out)
+
+
+def test_decode_attention_declines_what_it_does_not_take(emulate):
+    case = decode_case([5, 6], 4, 2, 64, torch.float32, seed=0)
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 64, 2, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
+    too_small = cuda_kernels.decode_attention_scratch(2, 4, 64, 1, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
+    enough = cuda_kernels.decode_attention_scratch(2, 4, 64, 65, torch.device("cpu"))
+    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=65, scratch=enough) is None
+    for name, bad in [("page_table", case["page_table"].long()),
+                      ("positions", case["positions"].int()),
+                      ("k_cache", case["k_cache"].transpose(0, 1).contiguous().transpose(0, 1))]:
+        assert cuda_kernels.decode_attention(**(case | {name: bad}), scale=0.1, splits=2,
+                                             scratch=scratch) is None, name
+    odd = decode_case([5], 2, 1, 48, torch.float32, seed=0)  # a head size it is not built for
+    assert cuda_kernels.decode_attention(**odd, scale=0.1, splits=1, scratch=scratch) is None
+
+
 def bf16_zeros(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=torch.bfloat16)
 
@@ -531,6 +612,32 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
     expected = [hf_greedy(hf, tokenizer(p).input_ids, 8) for p in prompts]
     assert outs["emulate"] == outs["off"] == expected
     assert answers == {"store_kv": {True}, "masked_gather": {True}, "qk_norm_rope": {True}}
+
+
+def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch, hf_model,
+                                                        hf_tokenizer, hf_greedy):
+    """The FlashInfer backend (the fake package) with emulated graphs and kernels: decode steps
+    of up to OWN_DECODE_MAX_BATCH requests replay our kernel, which stores and attends, in
+    place of store_kv and FlashInfer's decode; the tokens stay transformers' greedy."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
+                        classmethod(lambda cls, *args: None))
+    launches = []
+    real = cuda_kernels.decode_attention
+    monkeypatch.setattr(cuda_kernels, "decode_attention",
+                        lambda q, *a, **kw: launches.append(len(q)) or real(q, *a, **kw))
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
+    llm = LLM(str(models_dir / TINY_QWEN3), attention_backend="flashinfer", cuda_graph="emulate",
+              custom_kernels="emulate", max_running_req=4, num_page_override=128,
+              max_seq_len_override=64, page_size=4)
+    try:
+        outs = [o["token_ids"] for o in llm.generate(
+            prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
+    finally:
+        llm.shutdown()
+    tokenizer = hf_tokenizer(TINY_QWEN3)
+    assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
+    assert launches and set(launches) <= {1, 2}  # the captured sizes up to OWN_DECODE_MAX_BATCH
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

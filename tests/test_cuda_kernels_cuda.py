@@ -8,7 +8,8 @@ import torch
 
 from conftest import SMOLLM2
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
-from test_cuda_kernels import TOLERANCE, relative_error
+from test_cuda_kernels import (TOLERANCE, decode_case, reference_decode_attention,
+                               relative_error)
 from minisgl.core import SamplingParams
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
@@ -46,6 +47,23 @@ def test_store_and_gather_are_exact(on_gpu, tokens):
     inside = (local >= 0) & (local < 75968)
     want = shard[local.clamp(0, 75967)] * inside[:, None].to(torch.bfloat16)
     assert got is not None and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("lengths, splits", [([1], 32), ([511], 32), ([4096], 32),
+                                             ([700, 3, 1, 2048], 8), ([100] * 32, 1)])
+def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, splits):
+    """Qwen3-0.6B's heads (16 query, 8 KV, 128 wide) in bfloat16; output rounded once."""
+    case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=len(lengths), device="cuda")
+    want = reference_decode_attention(case, 128 ** -0.5)
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), 16, 128, splits,
+                                                    torch.device("cuda"))
+    for _ in range(2):  # the counters are left at zero for the next launch
+        out = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=splits,
+                                            scratch=scratch)
+        assert out is not None
+        assert (out.cpu().double() - want).abs().max().item() <= 2**-7 * want.abs().max()
+    assert torch.equal(case["k_cache"][case["out_loc"]], case["k"])
+    assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
 
 
 @pytest.mark.parametrize("tokens", [1, 256])

@@ -15,7 +15,9 @@ K and V bytes the batch must read once.
 --graph measures small batches as the engine replays them, 50 calls captured in one graph:
 FlashInfer's CUDA-graph wrapper (which always splits each request's KV into chunks of at least
 128 tokens, then merges the chunks' partial results in a second kernel), with and without its
-tensor-core path. (Session 13's run also timed a kernel of our own, since taken out: 843bfc1.)
+tensor-core path, and chapter 19's own kernel (csrc/decode_attention.cu: a block per KV head
+and chunk, chunks merged by the last one to finish, the new token's K/V store included) at a few
+chunk counts, captured the same way.
 """
 
 from __future__ import annotations
@@ -59,15 +61,44 @@ def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: 
                              rounds=5, graph=graph)
 
 
-def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int]) -> None:
-    print(f"{'batch':>6} {'context':>8} {'page':>5} {'CUDA cores µs':>14} {'tensor cores µs':>16}")
+def ours_microseconds(batch: int, context: int, page_size: int, splits: int) -> float:
+    """Chapter 19's kernel on the same shapes, the pages scattered the same way; it also stores
+    the new token's K and V (a launch of store_kv before FlashInfer's, in the engine)."""
+    from minisgl.kernel import cuda_kernels
+
+    pages_per_req = -(-context // page_size)
+    dtype, device = torch.bfloat16, "cuda"
+    slots = batch * pages_per_req * page_size
+    k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    v_cache = torch.randn_like(k_cache)
+    pages = torch.randperm(batch * pages_per_req, device=device).view(batch, pages_per_req)
+    offsets = torch.arange(page_size, device=device)
+    page_table = (pages[:, :, None] * page_size + offsets).view(batch, -1).int()
+    rows = torch.arange(batch, device=device)
+    positions = torch.full((batch,), context - 1, device=device)
+    out_loc = page_table[rows, positions].long()
+    qkv = torch.randn(batch, (QO_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
+    q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
+        [QO_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
+    scratch = cuda_kernels.decode_attention_scratch(batch, QO_HEADS, HEAD_DIM, splits, device)
+    return best_microseconds(lambda: cuda_kernels.decode_attention(
+        q, k, v, k_cache, v_cache, page_table, rows, positions, out_loc, HEAD_DIM ** -0.5,
+        splits, scratch), iters=50, rounds=5)
+
+
+def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int],
+                      splits: list[int]) -> None:
+    print(f"{'batch':>6} {'context':>8} {'page':>5} {'CUDA cores µs':>14} "
+          f"{'tensor cores µs':>16}" + "".join(f" {f'ours, {n} splits µs':>19}" for n in splits))
     for page_size in page_sizes:
         for context in contexts:
             for batch in batches:
                 times = [decode_microseconds(batch, context, page_size, False, graph=True),
                          decode_microseconds(batch, context, page_size, True, graph=True)]
+                times += [ours_microseconds(batch, context, page_size, n) for n in splits]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
-                      f"{times[1]:>16.1f}", flush=True)
+                      f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:]),
+                      flush=True)
 
 
 def main() -> None:
@@ -77,11 +108,13 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--graph", action="store_true",
                         help="as the engine replays decode: the CUDA-graph wrapper, in a graph")
+    parser.add_argument("--splits", type=int, nargs="+", default=[8, 16, 32, 64],
+                        help="with --graph: chunks our kernel cuts a request's context into")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one layer of decode "
           f"attention, {QO_HEADS} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, bf16")
     if args.graph:
-        small_batch_table(args.batch, args.context, args.page_size)
+        small_batch_table(args.batch, args.context, args.page_size, args.splits)
         return
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'KV MB':>7} {'CUDA cores µs':>14} "
           f"{'GB/s':>6} {'tensor cores µs':>16} {'GB/s':>6} {'ratio':>6}")

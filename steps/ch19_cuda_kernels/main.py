@@ -2,9 +2,9 @@
 
 一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
     CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
-二、五个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
-    一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV）。CPU 上跑模拟器，GPU 上跑真的
-    kernel；
+二、六个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
+    一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV）、切成几段再合并的 decode 注意力
+    （顺带写入新 token 的 K、V）。CPU 上跑模拟器，GPU 上跑真的 kernel；
 三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
     CPU 上（float32）还与 transformers 相同。
 """
@@ -111,7 +111,32 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     want = x.double() @ w.double().T
     error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
     print(f"  gemv：4 行 × 40 列，与参考的最大相对误差 {error:.2e}（容差 {2 ** -7:g}）")
-    return ok and error <= 2 ** -7
+    ok &= error <= 2 ** -7
+    # decode 注意力：2 个请求（上下文 37、5 个 token），4 个 query 头共用 2 个 KV 头，每个请求切成 4 段；
+    # 新 token 的 K、V 取自投影（它的槽位里原来是别的数），kernel 顺带把它们写进池子
+    k_cache, v_cache = (torch.randn(100, 2, 64, generator=gen).to(device, dtype) for _ in range(2))
+    page_table = torch.randperm(100, generator=gen)[:80].view(2, 40).int().to(device)
+    rows, positions = torch.tensor([1, 0], device=device), torch.tensor([36, 4], device=device)
+    qkv = torch.randn(2, 8 * 64, generator=gen).to(device, dtype)
+    q, k, v = (part.view(2, -1, 64) for part in qkv.split([256, 128, 128], dim=-1))
+    out_loc = page_table[rows, positions].long()
+    want = []
+    for i in range(2):
+        cached = page_table[rows[i], :positions[i]].long()
+        keys = torch.cat([k_cache[cached], k[i:i + 1]]).double().repeat_interleave(2, 1)
+        values = torch.cat([v_cache[cached], v[i:i + 1]]).double().repeat_interleave(2, 1)
+        weights = (torch.einsum("hd,thd->ht", q[i].double(), keys) / 8).softmax(-1)
+        want.append(torch.einsum("ht,thd->hd", weights, values))
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 64, 4, torch.device(device))
+    got = cuda_kernels.decode_attention(q, k, v, k_cache, v_cache, page_table, rows, positions,
+                                        out_loc, 1 / 8, 4, scratch)
+    want = torch.stack(want)
+    error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
+    stored = torch.equal(k_cache[out_loc], k) and torch.equal(v_cache[out_loc], v)
+    print(f"  decode_attention：2 个请求各切 4 段，与参考的最大相对误差 {error:.2e}"
+          f"（容差 {tolerance:g}）；"
+          f"新 K、V 已写入：{stored}")
+    return ok and error <= tolerance and stored
 
 
 def generate(path: Path, mode: str, dtype: torch.dtype) -> list[list[int]]:

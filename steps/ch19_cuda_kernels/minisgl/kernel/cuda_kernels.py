@@ -1,6 +1,8 @@
 """Our own CUDA kernels (chapter 19) behind five reference ops: the KV store, the masked gather
 of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV), and
-sampling from the logits. The mode is process-wide, set by the Engine: "auto" runs them on CUDA
+sampling from the logits; and decode attention for a few requests with the KV store folded in,
+which the FlashInfer backend runs in its graphs of small batches instead of FlashInfer's. The
+mode is process-wide, set by the Engine: "auto" runs them on CUDA
 tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on CPU tensors, "off" leaves every
 op to its reference. Tensors a kernel cannot take (another dtype, a layout it does not handle,
 shapes that do not match) go to the reference too, so the choice changes how things are
@@ -30,6 +32,8 @@ _SIGNATURES = {
     "minisgl_sample": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p] + [c_uint64] * 2 + [c_int,
                                                                               c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_void_p],
+    "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
+    + [c_void_p] * 3 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
 }
 
 
@@ -190,3 +194,60 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         x.stride(0), y.stride(0), _stream(x))
     _check(code, "gemv")
     return y
+
+
+DECODE_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)  # 4 to 32 threads, 8 values each, per token
+DECODE_ATTENTION_MAX_GROUP = 4  # query heads per KV head: the merge gives each a warp
+DECODE_ATTENTION_MAX_SPLITS = 64  # the merge's lanes hold two chunks each
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    """Every row, and every head vector in it, starts on 16 bytes: the kernel's loads."""
+    return x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+
+
+def decode_attention_scratch(num_reqs: int, q_heads: int, head_dim: int, splits: int,
+                             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """What decode_attention needs besides its operands, allocated once by its caller: room
+    for every chunk's partial result (per query head), and one counter per (request, head),
+    zero (the kernel needs one per KV head: fewer)."""
+    partials = num_reqs * q_heads * splits
+    return (torch.empty(partials * (head_dim + 2), dtype=torch.float32, device=device),
+            torch.zeros(num_reqs * q_heads, dtype=torch.int32, device=device))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor,
+                     positions: torch.Tensor, out_loc: torch.Tensor, scale: float, splits: int,
+                     scratch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | None:
+    """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
+    [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
+    page_table[rows]), each request's context cut into `splits` chunks. None (nothing done)
+    when the kernel does not take these tensors."""
+    n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
+    partial, finished = scratch
+    if not (q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype == k_cache.dtype
+            == v_cache.dtype and head_dim in DECODE_ATTENTION_HEAD_DIMS and n > 0
+            and k.dim() == v.dim() == 3 and k.shape == v.shape and k.stride() == v.stride()
+            and k.shape[0] == n and k.shape[2] == head_dim and q_heads % k.shape[1] == 0
+            and q_heads // k.shape[1] <= DECODE_ATTENTION_MAX_GROUP
+            and all(_aligned(t) for t in (q, k, v, k_cache, v_cache))
+            and _rows(q) and _rows(k) and k_cache.shape[1:] == v_cache.shape[1:] == k.shape[1:]
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and page_table.dtype == torch.int32 and page_table.dim() == 2
+            and page_table.is_contiguous() and 1 <= splits <= DECODE_ATTENTION_MAX_SPLITS
+            and all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous()
+                    for t in (rows, positions, out_loc))
+            and partial.dtype == torch.float32 and finished.dtype == torch.int32
+            and partial.numel() >= n * q_heads * splits * (head_dim + 2)
+            and finished.numel() >= n * k.shape[1]):
+        return None
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    code = _library("decode_attention", q.device).minisgl_decode_attention(
+        out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
+        k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), page_table.shape[1],
+        rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(), n, q_heads, k.shape[1],
+        head_dim, splits, scale, partial.data_ptr(), finished.data_ptr(), _DTYPES[q.dtype],
+        _stream(q))
+    _check(code, "decode_attention")
+    return out

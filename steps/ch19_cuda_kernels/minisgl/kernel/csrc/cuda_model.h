@@ -58,6 +58,7 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void
 
 #else  // the emulator
 
+#include <atomic>
 #include <barrier>
 #include <functional>
 #include <thread>
@@ -68,6 +69,7 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
+#define __launch_bounds__(...)
 #define __shared__ static
 #define HOST_DEVICE
 
@@ -124,6 +126,13 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
   return theirs;
 }
 
+// Blocks run one after another, so these only need to be right among a block's threads.
+inline int32_t atomicAdd(int32_t* address, int32_t value) {
+  return std::atomic_ref<int32_t>(*address).fetch_add(value);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <typename T> inline T __ldcg(const T* address) { return *address; }  // no L1 here
+
 #define LAUNCH(kernel, grid, block, stream, ...) \
   emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })
 
@@ -161,4 +170,13 @@ template <> HOST_DEVICE inline bf16 from_float<bf16>(float x) {
   union { float f; uint32_t u; } v{x};
   const uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
   return bf16{static_cast<uint16_t>((v.u + rounding) >> 16)};
+}
+
+// The 8 bfloat16 of one 16-byte piece as floats.
+HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
+  const uint32_t words[4] = {piece.x, piece.y, piece.z, piece.w};
+  for (int j = 0; j < 4; ++j) {  // little-endian: the lower half is the earlier element
+    out[2 * j] = to_float(bf16{static_cast<uint16_t>(words[j] & 0xffffu)});
+    out[2 * j + 1] = to_float(bf16{static_cast<uint16_t>(words[j] >> 16)});
+  }
 }

@@ -13,15 +13,6 @@ constexpr int kLanes = 32;
 constexpr int kWarps = 4;  // per block
 constexpr int kMaxRows = 4;
 
-// The 8 bfloat16 of one 16-byte piece as floats.
-HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
-  const uint32_t words[4] = {piece.x, piece.y, piece.z, piece.w};
-  for (int j = 0; j < 4; ++j) {  // little-endian: the lower half is the earlier element
-    out[2 * j] = to_float(bf16{static_cast<uint16_t>(words[j] & 0xffffu)});
-    out[2 * j + 1] = to_float(bf16{static_cast<uint16_t>(words[j] >> 16)});
-  }
-}
-
 // Adds piece i of a weight row, times piece i of every row of x, into acc.
 template <int kRows>
 HOST_DEVICE inline void accumulate(float* acc, const uint4& piece, const bf16* x,
