@@ -45,9 +45,9 @@ class FlashInferMetadata:
 @dataclass
 class OwnDecodeMetadata:
     """A captured decode step of a few requests, run by our kernel: no plan, no page indices.
-    The kernel reads each request's slots from the page table itself."""
+    The kernel reads each request's slots from the page table itself, in the rows of the graph
+    runner's static buffer (prepare_in_graph)."""
     last_indices: torch.Tensor
-    rows: torch.Tensor  # static: each request's page-table row (written by prepare_in_graph)
     splits: int  # chunks per request
 
 
@@ -173,6 +173,7 @@ class FlashInferBackend(BaseAttentionBackend):
     def init_graph(self, max_batch_size: int, dummy_row: int) -> None:
         # Our decode kernel, where chapter 19's kernels run and take this pool's layout.
         self.own_decode_scratch = None
+        self.own_decode_rows: torch.Tensor | None = None  # set by prepare_in_graph
         keys = self.pool.k_cache(0)
         if (cuda_kernels.target_for(keys) is not None
                 and keys.dtype in (torch.float32, torch.bfloat16)
@@ -181,8 +182,6 @@ class FlashInferBackend(BaseAttentionBackend):
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
-            self.graph_rows = torch.full((max_batch_size,), dummy_row, dtype=torch.long,
-                                         device=self.device)
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
                 min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.head_dim,
                 self._splits(1), self.device)
@@ -217,7 +216,7 @@ class FlashInferBackend(BaseAttentionBackend):
 
         if self._own_decode(batch_size):
             return OwnDecodeMetadata(torch.arange(batch_size, device=self.device),
-                                     self.graph_rows[:batch_size], self._splits(batch_size))
+                                     self._splits(batch_size))
 
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
@@ -250,10 +249,12 @@ class FlashInferBackend(BaseAttentionBackend):
         position p attends to p + 1 keys, in p // page_size + 1 pages; entry j of the indices
         belongs to the request whose pages end first after j. Entries past the last page are
         filled too (static shapes) and never read. So a replay costs the host a few Python
-        ints per request, one small host tensor, and the plan. Our kernel needs only the rows,
-        in a buffer of the backend's (its metadata was made before this step was recorded)."""
+        ints per request, one small host tensor, and the plan. Our kernel needs only the rows:
+        it reads them where the runner copies them before each replay, outside the graph, so
+        it may read them before it waits for the kernels before it (PDL, decode_attention.cu).
+        The step recorded next reads them from here."""
         if self._own_decode(len(rows)):
-            self.graph_rows[: len(rows)].copy_(rows)
+            self.own_decode_rows = rows
             return
         size, per_row, n = self.page_size, self.pages_per_row, len(rows)
         pages = positions // size + 1
@@ -269,8 +270,8 @@ class FlashInferBackend(BaseAttentionBackend):
         if isinstance(meta, OwnDecodeMetadata):  # chapter 19: store and attend in one launch
             out = cuda_kernels.decode_attention(
                 q, k, v, self.pool.k_cache(layer_id), self.pool.v_cache(layer_id),
-                self.page_table, meta.rows, batch.positions, batch.out_loc, self.sm_scale,
-                meta.splits, self.own_decode_scratch)  # type: ignore[arg-type]
+                self.page_table, self.own_decode_rows, batch.positions, batch.out_loc,
+                self.sm_scale, meta.splits, self.own_decode_scratch)  # type: ignore[arg-type]
             if out is None:
                 raise RuntimeError("decode_attention declined the tensors of a captured step")
             return out
