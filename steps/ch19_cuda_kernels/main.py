@@ -133,7 +133,7 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     want = torch.stack(want)
     error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
     stored = torch.equal(k_cache[out_loc], k) and torch.equal(v_cache[out_loc], v)
-    print(f"  decode_attention：2 个请求各切 4 段，与参考的最大相对误差 {error:.2e}"
+    print(f"  decode_attention：2 个请求，最多切 4 段，与参考的最大相对误差 {error:.2e}"
           f"（容差 {tolerance:g}）；"
           f"新 K、V 已写入：{stored}")
     return ok and error <= tolerance and stored
