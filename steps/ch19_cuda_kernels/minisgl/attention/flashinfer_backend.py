@@ -23,9 +23,9 @@ WORKSPACE_BYTES = 128 << 20
 HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
 # Graphs of up to this many requests decode with chapter 19's kernel (csrc/decode_attention.cu)
 # instead of FlashInfer's: FlashInfer cuts a request into chunks of at least 128 tokens, too few
-# to keep the GPU busy at batch 1. On an H200 ours wins at batch 1 and 2 up to 1,024 tokens of
-# context; from batch 4 on, FlashInfer's reads long contexts faster (book/runs/
-# ch19_decode_attention_s14.h200.txt, benchmark/h200/decode_attention.py --graph).
+# to keep the GPU busy at batch 1. On an H200 ours wins at batch 1 at every context measured (512
+# to 4,096 tokens) and at batch 2 up to 1,024; from batch 4 on, FlashInfer's reads long contexts
+# faster (book/runs/ch19_decode_attention_s14.h200.txt, benchmark/h200/decode_attention.py).
 OWN_DECODE_MAX_BATCH = 2
 # Ours cuts each request's context into at most `splits` chunks, a block of 128 threads per
 # chunk and KV head: enough for every SM to hold two when the context is long enough (the kernel
