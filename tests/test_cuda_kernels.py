@@ -410,6 +410,28 @@ def bf16_zeros(*shape: int) -> torch.Tensor:
     return torch.zeros(*shape, dtype=torch.bfloat16)
 
 
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("k", [64, 2056])
+def test_gemv_gated(emulate, rows, k):
+    """SwiGLU's gate_up_proj and activation in one launch: w = [gate; up] (2 x 5 rows), out
+    [rows, 5] = silu(x @ gate.T) * (x @ up.T), each product rounded to bfloat16 first as the
+    matmul rounds it; k = 2,056 takes the four-warp split. Against the two reference ops:
+    within a last bit or two of bfloat16 (the sums in another order, expf on the device)."""
+    from minisgl.kernel import silu_and_mul
+
+    gen = torch.Generator().manual_seed(rows + k)
+    x = torch.randn(rows, k + 8, generator=gen).bfloat16()[:, :k]
+    w = (torch.randn(10, k, generator=gen) / k ** 0.5).bfloat16()
+    out = cuda_kernels.gemv(x, w, gated=True)
+    want = silu_and_mul(torch.nn.functional.linear(x, w))
+    assert out is not None and out.shape == (rows, 5) and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), want.float(), rtol=2**-6, atol=2**-6)
+    swapped = torch.cat([w[5:], w[:5]])  # up first: a different answer, so the halves matter
+    assert not torch.allclose(cuda_kernels.gemv(x, swapped, gated=True).float(), out.float(),
+                              rtol=2**-6, atol=2**-6)
+    assert cuda_kernels.gemv(x, w[:9], gated=True) is None  # no even split into gate and up
+
 @pytest.mark.parametrize("x, w", [
     (bf16_zeros(5, 64), bf16_zeros(10, 64)),  # more rows than the decode batches it is for
     (bf16_zeros(2, 60), bf16_zeros(10, 60)),  # k not in whole 16-byte pieces
@@ -430,7 +452,8 @@ def test_linear_takes_the_gemv_for_a_few_bfloat16_rows_only(emulate, monkeypatch
 
     calls = []
     real = cuda_kernels.gemv
-    monkeypatch.setattr(cuda_kernels, "gemv", lambda x, w: calls.append(len(x)) or real(x, w))
+    monkeypatch.setattr(cuda_kernels, "gemv",
+                        lambda x, w, **kw: calls.append(len(x)) or real(x, w, **kw))
     gen = torch.Generator().manual_seed(0)
     w, bias = torch.randn(12, 64, generator=gen), torch.randn(12, generator=gen)
     for rows, dtype in [(3, torch.bfloat16), (5, torch.bfloat16), (3, torch.float32)]:

@@ -117,6 +117,21 @@ def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, name, dtype
     assert generate(path, dtype, "auto", prompts) == generate(path, dtype, "off", prompts)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gated_gemv_matches_the_matmul_and_activation(on_gpu, rows):
+    """Qwen3-0.6B's gate_up_proj (2 x 3,072 rows of 1,024) and the activation, against cuBLAS
+    and FlashInfer's silu_and_mul: a last bit or two of bfloat16 apart."""
+    from minisgl.kernel import silu_and_mul
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 1024, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w = torch.randn(6144, 1024, device="cuda", generator=gen, dtype=torch.bfloat16) / 32
+    got = cuda_kernels.gemv(x, w, gated=True)
+    want = silu_and_mul(torch.nn.functional.linear(x, w))
+    assert got is not None and got.shape == (rows, 3072)
+    assert torch.allclose(got.float(), want.float(), rtol=2**-6, atol=2**-6)
+
+
 def test_gemv_decode_gives_the_same_tokens_up_to_near_ties(models_dir):
     """Two prompts: decode steps of 2 rows, whose matmuls the GEMV computes (summed in another
     order than cuBLAS: a last bit of bfloat16 apart). SmolLM2's tokens may differ only where

@@ -57,6 +57,17 @@ final)
             >> $R/decode_b${batch}_before.txt 2>&1
     done
     grep -A2 "^decode" $R/decode_b*.txt | grep flashinfer ;;
+gated)  # branch s14-gate-up-silu, .dev/old at main's 540ec3f; the last of the device time
+    host_speed > $R/host.txt 2>&1
+    timeout 60 python3 -m pytest -q tests/test_cuda_kernels_cuda.py -k "gated" > $R/pytest_gated.txt 2>&1
+    tail -n 2 $R/pytest_gated.txt
+    for run in 1 2; do
+        b="--model $M --attn flashinfer --batch 1 --top 40"
+        timeout 100 python3 benchmark/decode_profile.py $b >> $R/decode_b1_after.txt 2>&1
+        PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b \
+            >> $R/decode_b1_before.txt 2>&1
+        grep -A2 "^decode" $R/decode_b1_*.txt | grep flashinfer
+    done ;;
 measure)
     args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
     timeout 150 python3 benchmark/offline.py $args --json $R/offline_after.json \

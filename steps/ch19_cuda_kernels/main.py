@@ -3,7 +3,8 @@
 一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
     CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
 二、六个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
-    一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV）、切成几段再合并的 decode 注意力
+    一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV，及其门控版：gate_up 投影连同激活）、
+    切成几段再合并的 decode 注意力
     （顺带写入新 token 的 K、V）。CPU 上跑模拟器，GPU 上跑真的 kernel；
 三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
     CPU 上（float32）还与 transformers 相同。
@@ -18,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
+from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm, silu_and_mul
 from minisgl.llm import LLM
 
 MODELS = Path("models")  # run from the repository root, or from a tree built by tools/steps.py build
@@ -112,7 +113,13 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
     print(f"  gemv：4 行 × 40 列，与参考的最大相对误差 {error:.2e}（容差 {2 ** -7:g}）")
     ok &= error <= 2 ** -7
-    # decode 注意力：2 个请求（上下文 37、5 个 token），4 个 query 头共用 2 个 KV 头，每个请求切成 4 段；
+    # 门控的 GEMV：同一个权重当作 [gate; up]（各 20 行），输出 silu(x·gate) * (x·up)，对照矩阵乘 + 激活两个参考算子
+    got = cuda_kernels.gemv(x, w, gated=True)
+    want = silu_and_mul(torch.nn.functional.linear(x, w)).float()
+    error = ((got.float() - want).abs() / want.abs().clamp(min=1)).max().item()
+    print(f"  gemv（门控）：4 行 × 20 列，与矩阵乘 + 激活的最大相对误差 {error:.2e}（容差 {2 ** -6:g}）")
+    ok &= error <= 2 ** -6
+    # decode 注意力：2 个请求（上下文 37、5 个 token），4 个 query 头共用 2 个 KV 头，每个请求最多切成 4 段；
     # 新 token 的 K、V 取自投影（它的槽位里原来是别的数），kernel 顺带把它们写进池子
     k_cache, v_cache = (torch.randn(100, 2, 64, generator=gen).to(device, dtype) for _ in range(2))
     page_table = torch.randperm(100, generator=gen)[:80].view(2, 40).int().to(device)

@@ -31,7 +31,7 @@ _SIGNATURES = {
                                                                              c_void_p],
     "minisgl_sample": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p] + [c_uint64] * 2 + [c_int,
                                                                               c_void_p],
-    "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_void_p],
+    "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
     + [c_void_p] * 3 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
 }
@@ -177,21 +177,24 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
 GEMV_MAX_ROWS = 4  # from 8 rows on, cuBLAS is faster on the H200 (benchmark/h200/gemv_bench.py)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
     """x @ weight.T in bfloat16 for x [rows, k] with 1 to GEMV_MAX_ROWS rows (weight
-    [n_out, k]), summed in float32. None when the kernel does not take these tensors: another
-    dtype, more rows, a weight that is not contiguous, rows not 16-byte aligned."""
+    [n_out, k]), summed in float32; gated: weight is SwiGLU's [gate; up] and the result is
+    silu(x @ gate.T) * (x @ up.T), [rows, n_out / 2]. None when the kernel does not take these
+    tensors: another dtype, more rows, a weight that is not contiguous (or, gated, an odd number
+    of rows), rows not 16-byte aligned."""
     per = 8  # bfloat16 in the kernel's 16-byte pieces
     if not (x.dtype == weight.dtype == torch.bfloat16 and x.dim() == weight.dim() == 2
             and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.shape[1] == weight.shape[1]
             and weight.is_contiguous() and x.stride(1) == 1 and x.shape[1] % per == 0
             and x.stride(0) % per == 0 and x.data_ptr() % 16 == 0
-            and weight.data_ptr() % 16 == 0):
+            and weight.data_ptr() % 16 == 0 and not (gated and weight.shape[0] % 2)):
         return None
-    y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    n_out = weight.shape[0] // 2 if gated else weight.shape[0]
+    y = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
     code = _library("gemv", x.device).minisgl_gemv(
-        y.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], weight.shape[0], x.shape[1],
-        x.stride(0), y.stride(0), _stream(x))
+        y.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], n_out, x.shape[1],
+        x.stride(0), y.stride(0), int(gated), _stream(x))
     _check(code, "gemv")
     return y
 

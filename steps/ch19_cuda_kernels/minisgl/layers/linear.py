@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.distributed import get_comm, get_tp_info
-from minisgl.kernel import linear
+from minisgl.kernel import linear, linear_silu_and_mul
 
 from .base import BaseOP, meta_param
 
@@ -41,6 +41,11 @@ class MergedLinear(Linear):
                                       "each rank computes an equal slice of it")
                              for size in output_sizes]
         super().__init__(input_size, sum(self.output_sizes), bias)
+
+    def forward_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's gate_up_proj and its activation at once: silu(gate) * up, [rows, one
+        part]. For two equal parts and no bias (a gate_up projection)."""
+        return linear_silu_and_mul(x, self.weight)
 
 
 class QKVLinear(MergedLinear):
