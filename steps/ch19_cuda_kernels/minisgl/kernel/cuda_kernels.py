@@ -1,15 +1,15 @@
 """Our own CUDA kernels (chapter 19) behind five reference ops: the KV store, the masked gather
-of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV), and
-sampling from the logits; and decode attention for a few requests with the KV store folded in,
-which the FlashInfer backend runs in its graphs of small batches instead of FlashInfer's. The
-mode is process-wide, set by the Engine: "auto" runs them on CUDA
-tensors, "emulate" runs their CPU build (csrc/cuda_model.h) on CPU tensors, "off" leaves every
-op to its reference. Tensors a kernel cannot take (another dtype, a layout it does not handle,
-shapes that do not match) go to the reference too, so the choice changes how things are
-computed, not what: the GEMV sums in another order (a last bit of bfloat16), sampling draws
-from the same distribution with other random numbers. And a mismatch meets the reference's
-error instead of a kernel that reads out of bounds (the kernels trust every size they are
-given)."""
+of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV; also
+SwiGLU's gate_up_proj with the activation as its epilogue), and sampling from the logits; and
+decode attention for a few requests with the KV store folded in, which the FlashInfer backend
+runs in its graphs of small batches instead of FlashInfer's. The mode is process-wide, set by
+the Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build
+(csrc/cuda_model.h) on CPU tensors, "off" leaves every op to its reference. Tensors a kernel
+cannot take (another dtype, a layout it does not handle, shapes that do not match) go to the
+reference too, so the choice changes how things are computed, not what: the GEMV sums in
+another order (a last bit of bfloat16), sampling draws from the same distribution with other
+random numbers. And a mismatch meets the reference's error instead of a kernel that reads out
+of bounds (the kernels trust every size they are given)."""
 
 from __future__ import annotations
 
@@ -225,8 +225,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      scratch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | None:
     """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
     [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
-    page_table[rows]), each request's context cut into `splits` chunks. None (nothing done)
-    when the kernel does not take these tensors."""
+    page_table[rows]), each request's context cut into at most `splits` chunks (a chunk is at
+    least one pass of the kernel's threads). None (nothing done) when the kernel does not take
+    these tensors."""
     n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
     partial, finished = scratch
     if not (q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype == k_cache.dtype
