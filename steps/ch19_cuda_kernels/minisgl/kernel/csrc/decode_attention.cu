@@ -6,9 +6,10 @@
 // double. So the kernel is built around latency:
 //  - a block of 128 threads takes one KV head of one request and one chunk of its context, and
 //    serves all the query heads of that KV head (GQA): each key is read once, not once per head;
-//  - 8 threads hold one token's head vector, 16 bytes each (one load), so a warp works on 2-4
-//    tokens at once and a dot product needs 3-4 shuffle steps; each thread keeps kTile tokens'
-//    loads in flight, and the next tile's loads are issued before this tile's arithmetic;
+//  - a thread holds 8 values of a token's head vector (one 16-byte load of bfloat16), so 16
+//    threads share a head of 128 (8 a head of 64): a warp works on 2-4 tokens at once and a
+//    dot product needs 4 or 3 shuffle steps; each thread keeps kTile tokens' loads in flight,
+//    and the next tile's loads are issued before this tile's arithmetic;
 //  - the first tile is loaded *before* waiting for the previous kernel (PDL, cuda_model.h):
 //    cached keys, page table, rows and positions were all written before this step began, by no
 //    kernel of it, so most of the memory time overlaps the q/k norm + RoPE kernel before us;
