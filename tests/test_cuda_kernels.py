@@ -376,8 +376,8 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
     case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
     scale = head_dim ** -0.5
     want = reference_decode_attention(case, scale)
-    scratch = cuda_kernels.decode_attention_scratch(len(lengths), q_heads, head_dim, splits,
-                                                    torch.device("cpu"))
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), q_heads, kv_heads, head_dim,
+                                                    splits, torch.device("cpu"))
     out = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
     assert out is not None and out.shape == case["q"].shape and out.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # one rounding to bfloat16
@@ -391,11 +391,11 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
 
 def test_decode_attention_declines_what_it_does_not_take(emulate):
     case = decode_case([5, 6], 4, 2, 64, torch.float32, seed=0)
-    scratch = cuda_kernels.decode_attention_scratch(2, 4, 64, 2, torch.device("cpu"))
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 2, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
-    too_small = cuda_kernels.decode_attention_scratch(2, 4, 64, 1, torch.device("cpu"))
+    too_small = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 1, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
-    enough = cuda_kernels.decode_attention_scratch(2, 4, 64, 65, torch.device("cpu"))
+    enough = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 65, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=65, scratch=enough) is None
     for name, bad in [("page_table", case["page_table"].long()),
                       ("positions", case["positions"].int()),

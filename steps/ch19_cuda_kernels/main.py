@@ -4,8 +4,7 @@
     CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
 二、六个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
     一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV，及其门控版：gate_up 投影连同激活）、
-    切成几段再合并的 decode 注意力
-    （顺带写入新 token 的 K、V）。CPU 上跑模拟器，GPU 上跑真的 kernel；
+    切成几段再合并的 decode 注意力（顺带写入新 token 的 K、V）。CPU 上跑模拟器，GPU 上跑真的 kernel；
 三、整个模型：tiny-qwen3（有 q/k norm）和 SmolLM2 走这些 kernel 生成，与参考算子逐 token 相同，
     CPU 上（float32）还与 transformers 相同。
 """
@@ -134,7 +133,7 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
         values = torch.cat([v_cache[cached], v[i:i + 1]]).double().repeat_interleave(2, 1)
         weights = (torch.einsum("hd,thd->ht", q[i].double(), keys) / 8).softmax(-1)
         want.append(torch.einsum("ht,thd->hd", weights, values))
-    scratch = cuda_kernels.decode_attention_scratch(2, 4, 64, 4, torch.device(device))
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 4, torch.device(device))
     got = cuda_kernels.decode_attention(q, k, v, k_cache, v_cache, page_table, rows, positions,
                                         out_loc, 1 / 8, 4, scratch)
     want = torch.stack(want)

@@ -183,8 +183,8 @@ class FlashInferBackend(BaseAttentionBackend):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.head_dim,
-                self._splits(1), self.device)
+                min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.num_kv_heads,
+                self.head_dim, self._splits(1), self.device)
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,

@@ -209,14 +209,15 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
 
 
-def decode_attention_scratch(num_reqs: int, q_heads: int, head_dim: int, splits: int,
+def decode_attention_scratch(num_reqs: int, q_heads: int, kv_heads: int, head_dim: int,
+                             splits: int,
                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """What decode_attention needs besides its operands, allocated once by its caller: room
-    for every chunk's partial result (per query head), and one counter per (request, head),
-    zero (the kernel needs one per KV head: fewer)."""
+    for every chunk's partial result (per query head), and one counter per (request, KV head),
+    zero."""
     partials = num_reqs * q_heads * splits
     return (torch.empty(partials * (head_dim + 2), dtype=torch.float32, device=device),
-            torch.zeros(num_reqs * q_heads, dtype=torch.int32, device=device))
+            torch.zeros(num_reqs * kv_heads, dtype=torch.int32, device=device))
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
