@@ -7,7 +7,8 @@ a run of 1 + D output tokens and a run of 1 output token (the prefill cancels ou
 --rounds times, best round kept. The radix cache is off, so the second run does not reuse the
 first one's prompts. Settings are every combination of --cuda-graph, --custom-kernels and --tp;
 TP=1 with the first of each runs first and is the reference: the greedy outputs of every other
-setting are compared with its outputs at every batch size.
+setting are compared with its outputs at every batch size. --transformers adds a row per batch
+for transformers' generate on the same prompts, timed the same way (its "graph" column says so).
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                         progress=False)
     return time.perf_counter() - start, [o["token_ids"] for o in outs]
+
+
+def timed_transformers(hf, prompts: list[list[int]], max_tokens: int) -> float:
+    ids = torch.tensor(prompts, device=hf.device)  # equal lengths: no padding
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                          min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        out.cpu()  # wait for the device
+    assert out.shape[1] == ids.shape[1] + max_tokens
+    return time.perf_counter() - start
 
 
 def agreement(outs: list[list[int]], reference: list[list[int]]) -> str:
@@ -65,6 +79,8 @@ def main() -> None:
     p.add_argument("--custom-kernels", nargs="+", default=["auto"],
                    choices=["auto", "off", "emulate"],
                    help="our CUDA kernels on or off, side by side (chapter 19)")
+    p.add_argument("--transformers", action="store_true",
+                   help="also transformers' generate on the same prompts, measured the same way")
     a = p.parse_args()
     if 1 not in a.tp:
         p.error("--tp must include 1: the other sizes' outputs are compared with TP=1's")
@@ -109,9 +125,22 @@ def main() -> None:
             # The next LLM sizes its KV pool from the free memory: this one's must be gone.
             del llm
             release_memory()
-    print(f"{'TP':>3} {'graph':>6} {'kernels':>8} {'batch':>6} {'decode tok/s':>13} {'ms/step':>8}")
+    if a.transformers:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(a.device or "cpu")
+        timed_transformers(hf, prompts[:2], 4)  # warm-up
+        for batch in a.batch:
+            best = min(timed_transformers(hf, prompts[:batch], 1 + a.decode)
+                       - timed_transformers(hf, prompts[:batch], 1) for _ in range(a.rounds))
+            rows.append(("-", "transformers", "-", batch, batch * a.decode / best,
+                         best / a.decode * 1e3))
+        del hf
+        release_memory()
+    print(f"{'TP':>3} {'graph':>12} {'kernels':>8} {'batch':>6} {'decode tok/s':>13} "
+          f"{'ms/step':>8}")
     for tp, graph, kernels, batch, rate, ms in rows:
-        print(f"{tp:>3} {graph:>6} {kernels:>8} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
+        print(f"{tp:>3} {graph:>12} {kernels:>8} {batch:>6} {rate:>13.1f} {ms:>8.2f}")
 
 if __name__ == "__main__":
     main()

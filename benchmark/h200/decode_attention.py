@@ -89,17 +89,21 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int) -> 
 
 def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int],
                       splits: list[int]) -> None:
+    """Also GB/s (K and V bytes read once) of FlashInfer's CUDA-core kernel and of our best."""
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'CUDA cores µs':>14} "
-          f"{'tensor cores µs':>16}" + "".join(f" {f'ours, {n} splits µs':>19}" for n in splits))
+          f"{'tensor cores µs':>16}" + "".join(f" {f'ours, {n} splits µs':>19}" for n in splits)
+          + f" {'GB/s CUDA cores':>16} {'GB/s ours':>10}")
     for page_size in page_sizes:
         for context in contexts:
             for batch in batches:
+                kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
                 times = [decode_microseconds(batch, context, page_size, False, graph=True),
                          decode_microseconds(batch, context, page_size, True, graph=True)]
                 times += [ours_microseconds(batch, context, page_size, n) for n in splits]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
-                      f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:]),
-                      flush=True)
+                      f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:])
+                      + f" {kv_bytes / times[0] / 1e3:>16.0f}"
+                      f" {kv_bytes / min(times[2:]) / 1e3:>10.0f}", flush=True)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,9 @@ HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
 # to keep the GPU busy at batch 1. On an H200 ours wins at batch 1 at every context measured (512
 # to 4,096 tokens) and at batch 2 up to 1,024; from batch 4 on, FlashInfer's reads long contexts
 # faster (book/runs/ch19_decode_attention_s14.h200.txt, benchmark/h200/decode_attention.py).
-OWN_DECODE_MAX_BATCH = 2
+# MINISGL_OWN_DECODE_MAX_BATCH sets another bound, for measuring both kernels at the same sizes
+# (benchmark/h200/session15.sh).
+OWN_DECODE_MAX_BATCH = int(os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH", 2))
 # Ours cuts each request's context into at most `splits` chunks, a block of 128 threads per
 # chunk and KV head: enough for every SM to hold two when the context is long enough (the kernel
 # makes a chunk at least one pass of its threads, so a short context takes fewer).
@@ -182,9 +185,12 @@ class FlashInferBackend(BaseAttentionBackend):
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
+            # Room for the launch with the most chunks in all, which need not be the largest.
+            largest = min(max_batch_size, OWN_DECODE_MAX_BATCH)
+            chunks = max(n * self._splits(n) for n in range(1, largest + 1))
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.num_kv_heads,
-                self.head_dim, self._splits(1), self.device)
+                largest, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                -(-chunks // largest), self.device)
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,

@@ -9,7 +9,8 @@
 //  - a thread holds 8 values of a token's head vector (one 16-byte load of bfloat16), so 16
 //    threads share a head of 128 (8 a head of 64): a warp works on 2-4 tokens at once and a
 //    dot product needs 4 or 3 shuffle steps; each thread keeps kTile tokens' loads in flight,
-//    and the next tile's loads are issued before this tile's arithmetic;
+//    and the next tile's loads are issued before this tile's arithmetic (their pool slots were
+//    read a tile earlier still, so no load waits for another);
 //  - the first tile is loaded *before* waiting for the previous kernel (PDL, cuda_model.h):
 //    cached keys, page table, rows and positions were all written before this step began, by no
 //    kernel of it, so most of the memory time overlaps the q/k norm + RoPE kernel before us;
@@ -70,13 +71,23 @@ struct Tokens {
   int64_t slot_stride;   // elements from one pool slot to the next
 };
 
-template <typename T, int kSlots>
-HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_cache,
-                                  const T* v_cache, const Tokens& at, int64_t first, int slot) {
+// The pool slots of a tile's tokens for this thread, -1 past the cached ones. Read a tile ahead
+// of the keys: a key's address depends on its slot, and a load that waits for another load
+// would leave the thread with one round trip to memory in flight instead of 2 * kTile loads.
+template <int kSlots>
+HOST_DEVICE inline void load_slots(int32_t* slots, const Tokens& at, int64_t first, int slot) {
   for (int j = 0; j < kTile; ++j) {
     const int64_t token = first + j * kSlots + slot;
-    if (token < at.cached_end) {
-      const int64_t where = at.slots[token] * at.slot_stride + at.offset;
+    slots[j] = token < at.cached_end ? at.slots[token] : -1;
+  }
+}
+
+template <typename T>
+HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_cache,
+                                  const T* v_cache, const Tokens& at, const int32_t* slots) {
+  for (int j = 0; j < kTile; ++j) {
+    if (slots[j] >= 0) {
+      const int64_t where = slots[j] * at.slot_stride + at.offset;
       keys[j] = load_piece(k_cache + where);
       values[j] = load_piece(v_cache + where);
     } else {
@@ -114,7 +125,10 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
   const Tokens at{page_table + rows[req] * table_width, end < position ? end : position,
                   kv_head * kHeadDim + lane * kPer, kv_heads * kHeadDim};
   Piece<T> keys[kTile], values[kTile];
-  load_tile<T, kSlots>(keys, values, k_cache, v_cache, at, begin, slot);
+  int32_t slots[kTile];  // of the tile after the one whose keys are loading
+  load_slots<kSlots>(slots, at, begin, slot);
+  load_tile(keys, values, k_cache, v_cache, at, slots);
+  load_slots<kSlots>(slots, at, begin + kPass, slot);
 
   wait_for_previous_kernel();  // q, k_new, v_new: the previous kernels' output
   // Nothing after this point is read by the next kernel before this one ends (it waits for
@@ -137,8 +151,10 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
   // 2^(s - m), and the output weighted the same way (per query head of the group).
   for (int64_t first = begin; first < end; first += kPass) {
     Piece<T> next_keys[kTile], next_values[kTile];
-    if (first + kPass < end)  // the same for the whole block
-      load_tile<T, kSlots>(next_keys, next_values, k_cache, v_cache, at, first + kPass, slot);
+    if (first + kPass < end) {  // the same for the whole block
+      load_tile(next_keys, next_values, k_cache, v_cache, at, slots);
+      load_slots<kSlots>(slots, at, first + 2 * kPass, slot);
+    }
     float score[kTile][kGroup];
     for (int j = 0; j < kTile; ++j) {
       const int64_t token = first + j * kSlots + slot;
