@@ -37,6 +37,13 @@ stage)
     timeout 100 python3 -m pytest -q tests/test_cuda_kernels_cuda.py -k "decode_attention" \
         > $R/pytest_kernels.txt 2>&1
     tail -n 3 $R/pytest_kernels.txt
+    for n in 1 2 3; do
+        extra=$( [ $n = 1 ] && echo --transformers )
+        timeout 120 python3 benchmark/tp_decode.py $decode $extra > $R/tp_decode_after_$n.txt 2>&1
+        PYTHONPATH=$OLD timeout 90 python3 .dev/old/benchmark/tp_decode.py $decode \
+            > $R/tp_decode_before_$n.txt 2>&1
+    done
+    tail -n 6 $R/tp_decode_*.txt
     for tree in . .dev/prev; do
         out=$R/attention_$( [ $tree = . ] && echo after || echo before ).txt
         PYTHONPATH=$tree/python:$PYTHONPATH timeout 90 python3 $tree/benchmark/h200/decode_attention.py \
@@ -45,14 +52,7 @@ stage)
             --graph --batch 16 32 64 128 256 --context 512 1024 2048 --page-size 256 --splits 1 2 4 \
             >> $out 2>&1
         cat $out
-    done
-    for n in 1 2 3; do
-        extra=$( [ $n = 1 ] && echo --transformers )
-        timeout 120 python3 benchmark/tp_decode.py $decode $extra > $R/tp_decode_after_$n.txt 2>&1
-        PYTHONPATH=$OLD timeout 90 python3 .dev/old/benchmark/tp_decode.py $decode \
-            > $R/tp_decode_before_$n.txt 2>&1
-    done
-    tail -n 6 $R/tp_decode_*.txt ;;
+    done ;;
 measure)
     args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
     timeout 150 python3 benchmark/offline.py $args --json $R/offline_after.json \
