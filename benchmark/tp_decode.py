@@ -95,6 +95,12 @@ def main() -> None:
     reference: dict[int, list[list[int]]] = {}  # the first setting's greedy outputs, by batch
     first = f"TP=1 --cuda-graph {a.cuda_graph[0]} --custom-kernels {a.custom_kernels[0]}"
     rows = []
+
+    def add(row: tuple) -> None:  # said at once too: a run cut short keeps what it measured
+        rows.append(row)
+        tp, graph, kernels, batch, rate, ms = row
+        print(f"measured: TP={tp} {graph} {kernels} batch {batch}: {ms:.2f} ms/step", flush=True)
+
     for graph, kernels, tp in itertools.product(a.cuda_graph, a.custom_kernels, sorted(set(a.tp))):
         setting = f"TP={tp} --cuda-graph {graph} --custom-kernels {kernels}"
         llm = LLM(a.model, dtype=dtype, device=a.device, tp_size=tp, cache_type="naive",
@@ -113,8 +119,7 @@ def main() -> None:
                     short, _ = timed(llm, prompts[:batch], 1)
                     long, outs = timed(llm, prompts[:batch], 1 + a.decode)
                     best = min(best, long - short)
-                rows.append((tp, graph, kernels, batch, batch * a.decode / best,
-                             best / a.decode * 1e3))
+                add((tp, graph, kernels, batch, batch * a.decode / best, best / a.decode * 1e3))
                 if batch not in reference:
                     reference[batch] = outs
                 else:
@@ -133,8 +138,7 @@ def main() -> None:
         for batch in a.batch:
             best = min(timed_transformers(hf, prompts[:batch], 1 + a.decode)
                        - timed_transformers(hf, prompts[:batch], 1) for _ in range(a.rounds))
-            rows.append(("-", "transformers", "-", batch, batch * a.decode / best,
-                         best / a.decode * 1e3))
+            add(("-", "transformers", "-", batch, batch * a.decode / best, best / a.decode * 1e3))
         del hf
         release_memory()
     print(f"{'TP':>3} {'graph':>12} {'kernels':>8} {'batch':>6} {'decode tok/s':>13} "

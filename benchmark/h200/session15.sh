@@ -20,7 +20,7 @@
 #   git archive 332a5b1 python steps benchmark tools | tar -x -C .dev/prev
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session15.sh stage|measure|tests}
+part=${1:?usage: session15.sh stage|measure|tests|confirm}
 source benchmark/h200/setup.sh
 R=$OUT/s15-$part && mkdir -p $R
 M=models/qwen3-0.6b-random
@@ -84,4 +84,24 @@ tests)
     timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
+confirm)
+    # A fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"]: the batch-1 measure again,
+    # each run printing its rows as it goes (stage's first run with transformers was cut by its
+    # limit and lost them all); transformers alone in its own run; then where batch 256's step
+    # goes on both trees (tp_decode's contexts, 32 to 160 tokens). Few files: a call returns 8.
+    host_speed > $R/host.txt 2>&1
+    cat $R/host.txt
+    for n in 1 2 3; do
+        limit=$( [ $n = 1 ] && echo 150 || echo 75 )  # the first builds the kernels
+        timeout $limit python3 benchmark/tp_decode.py $decode >> $R/tp_decode_after.txt 2>&1
+        PYTHONPATH=$OLD timeout $limit python3 .dev/old/benchmark/tp_decode.py $decode \
+            >> $R/tp_decode_before.txt 2>&1
+    done
+    grep -h "^ *1 " $R/tp_decode_after.txt $R/tp_decode_before.txt
+    timeout 150 python3 benchmark/tp_decode.py $decode --transformers > $R/tp_decode_transformers.txt 2>&1
+    grep "^measured" $R/tp_decode_transformers.txt
+    b="--model $M --attn flashinfer --batch 256 --prompt-len 96 --top 12"
+    timeout 60 python3 benchmark/decode_profile.py $b > $R/decode_b256.txt 2>&1
+    PYTHONPATH=$OLD timeout 60 python3 .dev/old/benchmark/decode_profile.py $b >> $R/decode_b256.txt 2>&1
+    grep -A2 "^decode" $R/decode_b256.txt ;;
 esac
