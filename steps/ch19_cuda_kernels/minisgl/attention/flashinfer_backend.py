@@ -31,7 +31,10 @@ HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
 # official workload is 6.5% slower with ours at every size (ch21_offline_s15.h200.txt).
 # MINISGL_OWN_DECODE_MAX_BATCH sets another bound, for measuring both kernels at the same sizes
 # (benchmark/h200/session15.sh).
-OWN_DECODE_MAX_BATCH = int(os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH", 2))
+_own_bound = os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH", "2")
+if not _own_bound.isdigit():
+    raise ValueError(f"MINISGL_OWN_DECODE_MAX_BATCH must be a whole number, not {_own_bound!r}")
+OWN_DECODE_MAX_BATCH = int(_own_bound)
 # Ours cuts each request's context into at most `splits` chunks, a block of 128 threads per
 # chunk and KV head: enough for every SM to hold two when the context is long enough (the kernel
 # makes a chunk at least one pass of its threads, so a short context takes fewer).
