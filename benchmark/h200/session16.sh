@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepared 2026-12-03 in session 15 for issue 27, not yet run. Chapter 19's decode attention
+# (this tree) against three experiments kept on branches, in no chapter until measured:
+#   .dev/nt  exp/attention-new-token-after  the new token added after the loop instead of
+#            selected per token inside it: 689 -> 635 SASS instructions a pass of Qwen3's build,
+#            134 -> 128 registers, so four blocks an SM instead of three
+#   .dev/b4  exp/attention-bounds4          __launch_bounds__(128, 4) for bfloat16 and 1-2 query
+#            heads a KV head: 128 registers, no spills, four blocks an SM
+#   .dev/t2  exp/attention-tile2            2 tokens a thread per tile: 96 registers, five blocks
+# Session 15 measured ours at 3.3-3.5 TB/s from batch 32 on, FlashInfer at 3.9-4.2
+# (book/runs/ch19_decode_attention_s15.h200.txt); these test whether more warps an SM close it.
+# One call on a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/nt", ".dev/b4", ".dev/t2"]:
+#   kernels  each tree's decode_attention.py --graph at batch 1-256 (FlashInfer's columns come
+#            with every tree: their spread is the noise between the trees' runs).
+# Before the call, here:
+#   for b in new-token-after:nt bounds4:b4 tile2:t2; do rm -rf .dev/${b#*:} && mkdir -p .dev/${b#*:} &&
+#     git archive exp/attention-${b%:*} python steps benchmark tools tests | tar -x -C .dev/${b#*:}; done
+# Results go straight to $OUT, so a run cut by the call's limit still returns.
+set -uo pipefail
+part=${1:?usage: session16.sh kernels}
+source benchmark/h200/setup.sh
+R=$OUT/s16-$part && mkdir -p $R
+case $part in
+kernels)
+    host_speed > $R/host.txt 2>&1
+    for tree in . .dev/nt .dev/b4 .dev/t2; do
+        name=$( [ $tree = . ] && echo main || basename $tree )
+        PYTHONPATH=$tree/python:$PYTHONPATH timeout 60 python3 -m pytest -q \
+            $tree/tests/test_cuda_kernels_cuda.py -k decode_attention >> $R/attention_$name.txt 2>&1
+        PYTHONPATH=$tree/python:$PYTHONPATH timeout 60 python3 $tree/benchmark/h200/decode_attention.py \
+            --graph --batch 1 2 4 8 --context 512 4096 --page-size 16 --splits 4 16 33 \
+            >> $R/attention_$name.txt 2>&1
+        PYTHONPATH=$tree/python:$PYTHONPATH timeout 100 python3 $tree/benchmark/h200/decode_attention.py \
+            --graph --batch 16 32 64 128 256 --context 512 1024 2048 --page-size 256 --splits 1 2 4 \
+            >> $R/attention_$name.txt 2>&1
+        tail -n 18 $R/attention_$name.txt
+    done ;;
+esac
