@@ -34,6 +34,11 @@ from minisgl.benchmark.perf import best_microseconds  # noqa: E402
 QO_HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # Qwen3-0.6B
 
 
+def kv_bytes(batch: int, context: int) -> int:
+    """The K and V bytes a decode step of the batch must read once (bfloat16)."""
+    return batch * context * KV_HEADS * HEAD_DIM * 2 * 2
+
+
 def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: bool,
                         graph: bool = False) -> float:
     import flashinfer
@@ -96,14 +101,14 @@ def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[
     for page_size in page_sizes:
         for context in contexts:
             for batch in batches:
-                kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
+                kv = kv_bytes(batch, context)
                 times = [decode_microseconds(batch, context, page_size, False, graph=True),
                          decode_microseconds(batch, context, page_size, True, graph=True)]
                 times += [ours_microseconds(batch, context, page_size, n) for n in splits]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
                       f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:])
-                      + f" {kv_bytes / times[0] / 1e3:>16.0f}"
-                      f" {kv_bytes / min(times[2:]) / 1e3:>10.0f}", flush=True)
+                      + f" {kv / times[0] / 1e3:>16.0f}"
+                      f" {kv / min(times[2:]) / 1e3:>10.0f}", flush=True)
 
 
 def main() -> None:
@@ -126,12 +131,12 @@ def main() -> None:
     for page_size in args.page_size:
         for context in args.context:
             for batch in args.batch:
-                kv_bytes = batch * context * KV_HEADS * HEAD_DIM * 2 * 2
+                kv = kv_bytes(batch, context)
                 plain = decode_microseconds(batch, context, page_size, False)
                 cores = decode_microseconds(batch, context, page_size, True)
-                print(f"{batch:>6} {context:>8} {page_size:>5} {kv_bytes / 1e6:>7.1f} "
-                      f"{plain:>14.1f} {kv_bytes / plain / 1e3:>6.0f} {cores:>16.1f} "
-                      f"{kv_bytes / cores / 1e3:>6.0f} {plain / cores:>5.2f}x", flush=True)
+                print(f"{batch:>6} {context:>8} {page_size:>5} {kv / 1e6:>7.1f} "
+                      f"{plain:>14.1f} {kv / plain / 1e3:>6.0f} {cores:>16.1f} "
+                      f"{kv / cores / 1e3:>6.0f} {plain / cores:>5.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -190,12 +190,10 @@ class FlashInferBackend(BaseAttentionBackend):
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
-            # Room for the launch with the most chunks in all, which need not be the largest.
-            largest = min(max_batch_size, OWN_DECODE_MAX_BATCH)
-            chunks = max(n * self._splits(n) for n in range(1, largest + 1))
+            # Enough for every captured size: none has more requests, or more chunks each.
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                largest, self.num_qo_heads, self.num_kv_heads, self.head_dim,
-                -(-chunks // largest), self.device)
+                min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.num_kv_heads,
+                self.head_dim, self._splits(1), self.device)
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,
