@@ -160,13 +160,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
       const int64_t token = first + j * kSlots + slot;
       float key[kPer];
       to_floats(keys[j], key);
-      if (token == position) to_floats(new_key, key);
       for (int g = 0; g < kGroup; ++g) {
         float dot = 0.0f;
         for (int i = 0; i < kPer; ++i) dot += query[g][i] * key[i];
         for (int offset = kLanes / 2; offset > 0; offset /= 2)  // the token's lanes are adjacent
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        score[j][g] = token < end ? dot * scale_log2 : -INFINITY;
+        // The new token is not in the pool: it is added after the loop.
+        score[j][g] = token < at.cached_end ? dot * scale_log2 : -INFINITY;
       }
     }
     for (int g = 0; g < kGroup; ++g) {
@@ -181,7 +181,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
         const int64_t token = first + j * kSlots + slot;
         float value[kPer];
         to_floats(values[j], value);
-        if (token == position) to_floats(new_value, value);
         const float weight = exp2f(score[j][g] - new_max);
         running_sum[g] += weight;
         for (int i = 0; i < kPer; ++i) output[g][i] += weight * value[i];
@@ -193,8 +192,29 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
       values[j] = next_values[j];
     }
   }
+  // The new token, in the chunk that holds it: every thread computes its dot product (the
+  // shuffles need the whole warp), the token slot it falls to adds it.
+  const bool new_here = begin <= position && position < end;  // the same for the whole block
+  const bool mine = new_here && (position - begin) % kSlots == slot;
+  if (new_here) {
+    float key[kPer], value[kPer];
+    to_floats(new_key, key);
+    to_floats(new_value, value);
+    for (int g = 0; g < kGroup; ++g) {
+      float dot = 0.0f;
+      for (int i = 0; i < kPer; ++i) dot += query[g][i] * key[i];
+      for (int offset = kLanes / 2; offset > 0; offset /= 2)
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      if (!mine) continue;
+      const float score = dot * scale_log2, new_max = fmaxf(running_max[g], score);
+      const float rescale = exp2f(running_max[g] - new_max), weight = exp2f(score - new_max);
+      running_sum[g] = running_sum[g] * rescale + weight;
+      for (int i = 0; i < kPer; ++i) output[g][i] = output[g][i] * rescale + weight * value[i];
+      running_max[g] = new_max;
+    }
+  }
   // Stored for the next step only: no block of this launch reads the new token from the pool.
-  if (begin <= position && position < end && (position - begin) % kSlots == slot) {
+  if (mine) {
     const int64_t where = out_loc[req] * at.slot_stride + at.offset;
     store_piece(k_cache + where, new_key);
     store_piece(v_cache + where, new_value);
