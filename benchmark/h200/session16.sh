@@ -17,7 +17,7 @@
 #     git archive exp/attention-${b%:*} python steps benchmark tools tests | tar -x -C .dev/${b#*:}; done
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session16.sh kernels}
+part=${1:?usage: session16.sh kernels|measure}
 source benchmark/h200/setup.sh
 R=$OUT/s16-$part && mkdir -p $R
 case $part in
@@ -35,4 +35,20 @@ kernels)
             >> $R/attention_$name.txt 2>&1
         tail -n 18 $R/attention_$name.txt
     done ;;
+measure)
+    # carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: d1f0b04, before the merge): the official
+    # workload, three rounds each: this tree with ours at every graph size, this tree with the
+    # bound at 2, the tree before.
+    M=models/qwen3-0.6b-random
+    args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
+    OLD=.dev/old/python:$PYTHONPATH
+    host_speed > $R/host.txt 2>&1
+    # The first run on a fresh machine also builds FlashInfer's kernels (JIT, about 70 s).
+    PYTHONPATH=python:$PYTHONPATH MINISGL_OWN_DECODE_MAX_BATCH=256 timeout 240 python3 \
+        benchmark/offline.py $args --json $R/offline_own.json > $R/offline_own.txt 2>&1
+    PYTHONPATH=python:$PYTHONPATH MINISGL_OWN_DECODE_MAX_BATCH=2 timeout 150 python3 \
+        benchmark/offline.py $args --json $R/offline_bound2.json > $R/offline_bound2.txt 2>&1
+    PYTHONPATH=$OLD timeout 150 python3 .dev/old/benchmark/offline.py $args \
+        --json $R/offline_before.json > $R/offline_before.txt 2>&1
+    tail -n 3 $R/offline_*.txt ;;
 esac
