@@ -178,7 +178,6 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(
       running_sum[g] *= rescale;
       for (int i = 0; i < kPer; ++i) output[g][i] *= rescale;
       for (int j = 0; j < kTile; ++j) {
-        const int64_t token = first + j * kSlots + slot;
         float value[kPer];
         to_floats(values[j], value);
         const float weight = exp2f(score[j][g] - new_max);
