@@ -82,7 +82,8 @@ final)
     # A fresh machine, carry [".whl", ".dev/smol-tok"], after the default became ours at every
     # graph size (the scratch now sized by the captured size with the most chunks): the official
     # workload once with every default, as a check that it runs, not a measure.
-    timeout 200 python3 benchmark/offline.py --device cuda --model models/qwen3-0.6b-random \
+    PYTHONPATH=python:$PYTHONPATH timeout 200 python3 benchmark/offline.py --device cuda \
+        --model models/qwen3-0.6b-random \
         --attn flashinfer --rounds 1 --skip-transformers > $R/offline_default.txt 2>&1
     tail -n 3 $R/offline_default.txt ;;
 esac
