@@ -1,8 +1,8 @@
 """Our own CUDA kernels (chapter 19) behind five reference ops: the KV store, the masked gather
 of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV; also
 SwiGLU's gate_up_proj with the activation as its epilogue), and sampling from the logits; and
-decode attention for a few requests with the KV store folded in, which the FlashInfer backend
-runs in its graphs of small batches instead of FlashInfer's. The mode is process-wide, set by
+decode attention with the KV store folded in, which the FlashInfer backend runs in its
+decode graphs instead of FlashInfer's. The mode is process-wide, set by
 the Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build
 (csrc/cuda_model.h) on CPU tensors, "off" leaves every op to its reference. Tensors a kernel
 cannot take (another dtype, a layout it does not handle, shapes that do not match) go to the
