@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
 
-QO_HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128  # Qwen3-0.6B
+KV_HEADS, HEAD_DIM = 8, 128  # Qwen3-0.6B and Qwen3-8B alike; 16 query heads or 32 (--query-heads)
 
 
 def kv_bytes(batch: int, context: int) -> int:
@@ -40,7 +40,7 @@ def kv_bytes(batch: int, context: int) -> int:
 
 
 def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: bool,
-                        graph: bool = False) -> float:
+                        q_heads: int, graph: bool = False) -> float:
     import flashinfer
 
     pages_per_req = -(-context // page_size)
@@ -48,7 +48,7 @@ def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: 
     dtype, device = torch.bfloat16, "cuda"
     k = torch.randn(num_pages, page_size, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
     v = torch.randn_like(k)
-    q = torch.randn(batch, QO_HEADS, HEAD_DIM, dtype=dtype, device=device)
+    q = torch.randn(batch, q_heads, HEAD_DIM, dtype=dtype, device=device)
     indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_req
     indices = torch.randperm(num_pages, dtype=torch.int32, device=device)  # scattered pages
     last = context - (pages_per_req - 1) * page_size
@@ -60,13 +60,14 @@ def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: 
     else:
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                                 use_tensor_cores=tensor_cores)
-    wrapper.plan(indptr, indices, last_page_len, QO_HEADS, KV_HEADS, HEAD_DIM, page_size,
+    wrapper.plan(indptr, indices, last_page_len, q_heads, KV_HEADS, HEAD_DIM, page_size,
                  q_data_type=dtype, kv_data_type=dtype)
     return best_microseconds(lambda: wrapper.run(q, (k, v)), iters=50 if graph else 20,
                              rounds=5, graph=graph)
 
 
-def ours_microseconds(batch: int, context: int, page_size: int, splits: int) -> float:
+def ours_microseconds(batch: int, context: int, page_size: int, splits: int,
+                      q_heads: int) -> float:
     """Chapter 19's kernel on the same shapes, the pages scattered the same way; it also stores
     the new token's K and V (a launch of store_kv before FlashInfer's, in the engine)."""
     from minisgl.kernel import cuda_kernels
@@ -82,10 +83,10 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int) -> 
     rows = torch.arange(batch, device=device)
     positions = torch.full((batch,), context - 1, device=device)
     out_loc = page_table[rows, positions].long()
-    qkv = torch.randn(batch, (QO_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
+    qkv = torch.randn(batch, (q_heads + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
     q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
-        [QO_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
-    scratch = cuda_kernels.decode_attention_scratch(batch, QO_HEADS, KV_HEADS, HEAD_DIM, splits,
+        [q_heads * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
+    scratch = cuda_kernels.decode_attention_scratch(batch, q_heads, KV_HEADS, HEAD_DIM, splits,
                                                     device)
     return best_microseconds(lambda: cuda_kernels.decode_attention(
         q, k, v, k_cache, v_cache, page_table, rows, positions, out_loc, HEAD_DIM ** -0.5,
@@ -93,7 +94,7 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int) -> 
 
 
 def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int],
-                      splits: list[int]) -> None:
+                      splits: list[int], q_heads: int) -> None:
     """Also GB/s (K and V bytes read once) of FlashInfer's CUDA-core kernel and of our best."""
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'CUDA cores µs':>14} "
           f"{'tensor cores µs':>16}" + "".join(f" {f'ours, {n} splits µs':>19}" for n in splits)
@@ -102,9 +103,10 @@ def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[
         for context in contexts:
             for batch in batches:
                 kv = kv_bytes(batch, context)
-                times = [decode_microseconds(batch, context, page_size, False, graph=True),
-                         decode_microseconds(batch, context, page_size, True, graph=True)]
-                times += [ours_microseconds(batch, context, page_size, n) for n in splits]
+                times = [decode_microseconds(batch, context, page_size, tensor_cores, q_heads,
+                                             graph=True) for tensor_cores in (False, True)]
+                times += [ours_microseconds(batch, context, page_size, n, q_heads)
+                          for n in splits]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
                       f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:])
                       + f" {kv / times[0] / 1e3:>16.0f}"
@@ -120,11 +122,15 @@ def main() -> None:
                         help="as the engine replays decode: the CUDA-graph wrapper, in a graph")
     parser.add_argument("--splits", type=int, nargs="+", default=[8, 16, 32, 64],
                         help="with --graph: chunks our kernel cuts a request's context into")
+    parser.add_argument("--query-heads", type=int, default=16,
+                        help="16 (Qwen3-0.6B: 2 a KV head) or 32 (Qwen3-8B: 4 a KV head)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one layer of decode "
-          f"attention, {QO_HEADS} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, bf16")
+          f"attention, {args.query_heads} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, "
+          "bf16")
     if args.graph:
-        small_batch_table(args.batch, args.context, args.page_size, args.splits)
+        small_batch_table(args.batch, args.context, args.page_size, args.splits,
+                          args.query_heads)
         return
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'KV MB':>7} {'CUDA cores µs':>14} "
           f"{'GB/s':>6} {'tensor cores µs':>16} {'GB/s':>6} {'ratio':>6}")
@@ -132,8 +138,9 @@ def main() -> None:
         for context in args.context:
             for batch in args.batch:
                 kv = kv_bytes(batch, context)
-                plain = decode_microseconds(batch, context, page_size, False)
-                cores = decode_microseconds(batch, context, page_size, True)
+                plain, cores = (decode_microseconds(batch, context, page_size, tensor_cores,
+                                                    args.query_heads)
+                                for tensor_cores in (False, True))
                 print(f"{batch:>6} {context:>8} {page_size:>5} {kv / 1e6:>7.1f} "
                       f"{plain:>14.1f} {kv / plain / 1e3:>6.0f} {cores:>16.1f} "
                       f"{kv / cores / 1e3:>6.0f} {plain / cores:>5.2f}x", flush=True)
