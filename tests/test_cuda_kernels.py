@@ -659,6 +659,9 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     try:
         outs = [o["token_ids"] for o in llm.generate(
             prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
+        # FlashInfer's graph workspace (128 MiB) only where some graph is FlashInfer's.
+        workspace = llm.backend.scheduler.engine.attn_backend.graph_workspace
+        assert (workspace is None) == (own_max is None)
     finally:
         llm.shutdown()
     tokenizer = hf_tokenizer(TINY_QWEN3)

@@ -206,8 +206,10 @@ class FlashInferBackend(BaseAttentionBackend):
         self.graph_last_page_len = torch.ones(max_batch_size, dtype=torch.int32,
                                               device=self.device)
         self.graph_wrappers: dict[int, Any] = {}
-        # Split-KV scratch of their own: the eager wrappers' work must never share it.
-        self.graph_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        # Split-KV scratch of their own: the eager wrappers' work must never share it. None when
+        # our kernel takes every captured size (no FlashInfer graph to run in it).
+        self.graph_workspace = (None if self._own_decode(max_batch_size) else torch.zeros(
+            WORKSPACE_BYTES, dtype=torch.uint8, device=self.device))
         # A plan writes into a pinned host buffer, then copies it to the device without
         # waiting; the next plan of the same wrapper must not overwrite the buffer before that
         # copy ran. It ran long ago in practice (before the previous replay), but it is waited
@@ -231,6 +233,7 @@ class FlashInferBackend(BaseAttentionBackend):
             return OwnDecodeMetadata(torch.arange(batch_size, device=self.device),
                                      self._splits(batch_size))
 
+        assert self.graph_workspace is not None  # allocated when some size is FlashInfer's
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
             self.graph_last_page_len[:batch_size], "NHD", use_tensor_cores=self.tensor_cores)
