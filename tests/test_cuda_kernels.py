@@ -376,8 +376,9 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
     case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
     scale = head_dim ** -0.5
     want = reference_decode_attention(case, scale)
-    scratch = cuda_kernels.decode_attention_scratch(len(lengths), q_heads, kv_heads, head_dim,
-                                                    splits, torch.device("cpu"))
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), len(lengths) * splits,
+                                                    q_heads, kv_heads, head_dim,
+                                                    torch.device("cpu"))
     out = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
     assert out is not None and out.shape == case["q"].shape and out.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # one rounding to bfloat16
@@ -391,11 +392,11 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
 
 def test_decode_attention_declines_what_it_does_not_take(emulate):
     case = decode_case([5, 6], 4, 2, 64, torch.float32, seed=0)
-    scratch = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 2, torch.device("cpu"))
+    scratch = cuda_kernels.decode_attention_scratch(2, 2 * 2, 4, 2, 64, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
-    too_small = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 1, torch.device("cpu"))
+    too_small = cuda_kernels.decode_attention_scratch(2, 2 * 1, 4, 2, 64, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
-    enough = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 65, torch.device("cpu"))
+    enough = cuda_kernels.decode_attention_scratch(2, 2 * 65, 4, 2, 64, torch.device("cpu"))
     assert cuda_kernels.decode_attention(**case, scale=0.1, splits=65, scratch=enough) is None
     for name, bad in [("page_table", case["page_table"].long()),
                       ("positions", case["positions"].int()),
@@ -637,13 +638,15 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
     assert answers == {"store_kv": {True}, "masked_gather": {True}, "qk_norm_rope": {True}}
 
 
-@pytest.mark.parametrize("own_max", [2, None])
+@pytest.mark.parametrize("own_max", [2, 4, None])
 def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch, hf_model,
                                                         hf_tokenizer, hf_greedy, own_max):
     """The FlashInfer backend (the fake package) with emulated graphs and kernels: decode steps
     replay our kernel, which stores and attends, in place of store_kv and FlashInfer's decode;
     the tokens stay transformers' greedy. By default every graph is ours (three requests replay
-    the graph of 4); with OWN_DECODE_MAX_BATCH at 2, only the graphs of 1 and 2."""
+    the graph of 4), and with OWN_DECODE_MAX_BATCH at 4 (this run's largest graph); at 2, only
+    the graphs of 1 and 2."""
+    every_graph_ours = own_max is None or own_max >= 4
     monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", own_max)
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
     monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
@@ -659,15 +662,16 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     try:
         outs = [o["token_ids"] for o in llm.generate(
             prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
-        # FlashInfer's graph workspace (128 MiB) only where some graph is FlashInfer's.
-        workspace = llm.backend.scheduler.engine.attn_backend.graph_workspace
-        assert (workspace is None) == (own_max is None)
+        # FlashInfer's graph state (a 128 MiB workspace, page-index buffers) only where some
+        # graph is FlashInfer's.
+        backend = llm.backend.scheduler.engine.attn_backend
+        assert hasattr(backend, "graph_workspace") != every_graph_ours
     finally:
         llm.shutdown()
     tokenizer = hf_tokenizer(TINY_QWEN3)
     assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
-    # The captured sizes up to the bound; the graph of 4 (three requests, padded) only without.
-    assert launches and set(launches) <= {1, 2, 4} and (4 in launches) == (own_max is None)
+    # The captured sizes up to the bound; the graph of 4 (three requests, padded) only with 4.
+    assert launches and set(launches) <= {1, 2, 4} and (4 in launches) == every_graph_ours
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

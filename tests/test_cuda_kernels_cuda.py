@@ -57,8 +57,8 @@ def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, splits)
     """Qwen3-0.6B's heads (16 query, 8 KV, 128 wide) in bfloat16; output rounded once."""
     case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=len(lengths), device="cuda")
     want = reference_decode_attention(case, 128 ** -0.5)
-    scratch = cuda_kernels.decode_attention_scratch(len(lengths), 16, 8, 128, splits,
-                                                    torch.device("cuda"))
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), len(lengths) * splits, 16, 8,
+                                                    128, torch.device("cuda"))
     for _ in range(2):  # the counters are left at zero for the next launch
         out = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=splits,
                                             scratch=scratch)

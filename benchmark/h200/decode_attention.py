@@ -86,8 +86,8 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int,
     qkv = torch.randn(batch, (q_heads + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
     q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
         [q_heads * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
-    scratch = cuda_kernels.decode_attention_scratch(batch, q_heads, KV_HEADS, HEAD_DIM, splits,
-                                                    device)
+    scratch = cuda_kernels.decode_attention_scratch(batch, batch * splits, q_heads, KV_HEADS,
+                                                    HEAD_DIM, device)
     return best_microseconds(lambda: cuda_kernels.decode_attention(
         q, k, v, k_cache, v_cache, page_table, rows, positions, out_loc, HEAD_DIM ** -0.5,
         splits, scratch), iters=50, rounds=5)

@@ -133,7 +133,7 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
         values = torch.cat([v_cache[cached], v[i:i + 1]]).double().repeat_interleave(2, 1)
         weights = (torch.einsum("hd,thd->ht", q[i].double(), keys) / 8).softmax(-1)
         want.append(torch.einsum("ht,thd->hd", weights, values))
-    scratch = cuda_kernels.decode_attention_scratch(2, 4, 2, 64, 4, torch.device(device))
+    scratch = cuda_kernels.decode_attention_scratch(2, 2 * 4, 4, 2, 64, torch.device(device))
     got = cuda_kernels.decode_attention(q, k, v, k_cache, v_cache, page_table, rows, positions,
                                         out_loc, 1 / 8, 4, scratch)
     want = torch.stack(want)

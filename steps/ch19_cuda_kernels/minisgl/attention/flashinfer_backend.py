@@ -190,13 +190,17 @@ class FlashInferBackend(BaseAttentionBackend):
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
             self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                              if self.device.type == "cuda" else 1)
-            # Room for the captured size with the most chunks in all: partial results lie
-            # chunk after chunk, so as many requests of one chunk each hold them.
+            # Room for the largest captured size and for the one with the most chunks in all,
+            # which need not be the same.
             largest = (max_batch_size if OWN_DECODE_MAX_BATCH is None
                        else min(max_batch_size, OWN_DECODE_MAX_BATCH))
             chunks = max((n * self._splits(n) for n in range(1, largest + 1)), default=0)
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                chunks, self.num_qo_heads, self.num_kv_heads, self.head_dim, 1, self.device)
+                largest, chunks, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+                self.device)
+        self.graph_wrappers: dict[int, Any] = {}
+        if self._own_decode(max_batch_size):
+            return  # our kernel takes every captured size: none of FlashInfer's graph state
         self.pages_per_row = self.page_table.shape[1] // self.page_size
         self.graph_indptr = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=self.device)
         self.graph_indices = torch.zeros(max_batch_size * self.pages_per_row, dtype=torch.int32,
@@ -205,11 +209,8 @@ class FlashInferBackend(BaseAttentionBackend):
         self.graph_index_positions = torch.arange(len(self.graph_indices), device=self.device)
         self.graph_last_page_len = torch.ones(max_batch_size, dtype=torch.int32,
                                               device=self.device)
-        self.graph_wrappers: dict[int, Any] = {}
-        # Split-KV scratch of their own: the eager wrappers' work must never share it. None when
-        # our kernel takes every captured size (no FlashInfer graph to run in it).
-        self.graph_workspace = (None if self._own_decode(max_batch_size) else torch.zeros(
-            WORKSPACE_BYTES, dtype=torch.uint8, device=self.device))
+        # Split-KV scratch of their own: the eager wrappers' work must never share it.
+        self.graph_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # A plan writes into a pinned host buffer, then copies it to the device without
         # waiting; the next plan of the same wrapper must not overwrite the buffer before that
         # copy ran. It ran long ago in practice (before the previous replay), but it is waited
@@ -233,7 +234,6 @@ class FlashInferBackend(BaseAttentionBackend):
             return OwnDecodeMetadata(torch.arange(batch_size, device=self.device),
                                      self._splits(batch_size))
 
-        assert self.graph_workspace is not None  # allocated when some size is FlashInfer's
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
             self.graph_last_page_len[:batch_size], "NHD", use_tensor_cores=self.tensor_cores)

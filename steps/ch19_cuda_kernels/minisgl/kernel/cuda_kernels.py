@@ -209,13 +209,14 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
 
 
-def decode_attention_scratch(num_reqs: int, q_heads: int, kv_heads: int, head_dim: int,
-                             splits: int,
+def decode_attention_scratch(num_reqs: int, chunks: int, q_heads: int, kv_heads: int,
+                             head_dim: int,
                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """What decode_attention needs besides its operands, allocated once by its caller: room
-    for every chunk's partial result (per query head), and one counter per (request, KV head),
-    zero."""
-    partials = num_reqs * q_heads * splits
+    """What decode_attention needs besides its operands, allocated once by its caller, for
+    launches of up to num_reqs requests and `chunks` chunks in all (n requests cut into s
+    chunks each take n * s): room for every chunk's partial result (per query head), laid out
+    chunk after chunk, and one counter per (request, KV head), zero."""
+    partials = chunks * q_heads
     return (torch.empty(partials * (head_dim + 2), dtype=torch.float32, device=device),
             torch.zeros(num_reqs * kv_heads, dtype=torch.int32, device=device))
 
