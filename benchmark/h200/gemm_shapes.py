@@ -1,0 +1,127 @@
+"""Qwen3-0.6B's four projections at decode batch sizes 16-256 (issue 27): cuBLAS as F.linear
+calls it, cuBLAS through cublasLt, and a plain Triton matmul at the best of a sweep of tile
+shapes, each against the shape's bound.
+
+At batch 256 a decode step spends about 0.79 GPU ms in the layers' matmuls (ch21_decode_profile
+_b256), where their FLOPs at the H200's peak and their weights at its bandwidth allow about
+0.3: is that cuBLAS's tile choice for these skinny shapes, or what any kernel gets? The Triton
+kernel is the textbook one (a tile of rows by a tile of columns, the K loop pipelined by
+Triton): if a tile shape of it beats cuBLAS here, a tuned kernel has room; if none does, the
+gap is not the tile choice.
+
+Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
+of --rounds (minisgl/benchmark/perf.py); the weights cycle through copies until a cycle holds
+4 x the L2 (kernel_bench.py), as 28 layers' weights do.
+
+    python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
+from kernel_bench import L2_BYTES, cycling  # noqa: E402
+from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
+PEAK_FLOPS, BANDWIDTH = 989e12, 4.8e12  # H200 bfloat16 dense, HBM3e (chapter 21's roofline)
+
+
+@triton.jit
+def matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """y[M, N] = x[M, K] @ w[N, K].T, one BLOCK_M x BLOCK_N tile a program; K % BLOCK_K == 0."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    x = x_ptr + rows[:, None] * K + ks[None, :]
+    w = w_ptr + cols[None, :] * K + ks[:, None]  # the tile of w.T: [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        a = tl.load(x, mask=rows[:, None] < M, other=0.0)
+        b = tl.load(w, mask=cols[None, :] < N, other=0.0)
+        acc = tl.dot(a, b, acc)
+        x += BLOCK_K
+        w += BLOCK_K
+    tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config: tuple) -> None:
+    bm, bn, bk, stages, warps = config
+    (m, k), n = x.shape, w.shape[0]
+    matmul_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+        x, w, y, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_stages=stages,
+        num_warps=warps)
+
+
+def configs(rows: int) -> list[tuple]:
+    return [(bm, bn, bk, stages, warps) for bm, bn, bk, stages, warps in itertools.product(
+        (16, 32, 64, 128), (64, 128, 256), (64, 128), (3, 4), (4, 8)) if bm <= max(16, rows)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--iters", type=int, default=56)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__} · triton "
+          f"{triton.__version__} · bfloat16 · best of {args.rounds} x {args.iters} calls in a "
+          "CUDA graph")
+    print(f"{'projection':<8} {'rows':>4} {'bound µs':>9} {'F.linear':>9} {'cublasLt':>9} "
+          f"{'Triton':>8}  best tile (BM BN BK stages warps)  max |diff|")
+    per_layer = {rows: [0.0, 0.0, 0.0, 0.0] for rows in args.rows}
+    default_blas = torch.backends.cuda.preferred_blas_library()
+    for name, (n, k) in SHAPES.items():
+        nbytes = n * k * 2
+        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+                   for _ in range(copies)]
+        for rows in args.rows:
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+            bound = max(2 * rows * n * k / PEAK_FLOPS, (nbytes + 2 * rows * (n + k)) / BANDWIDTH)
+            cublas = best_microseconds(cycling([lambda w=w: F.linear(x, w) for w in weights]),
+                                       args.iters, args.rounds)
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            lt = best_microseconds(cycling([lambda w=w: F.linear(x, w) for w in weights]),
+                                   args.iters, args.rounds)
+            torch.backends.cuda.preferred_blas_library(default_blas)
+            best, best_config = float("inf"), None
+            for config in configs(rows):
+                try:
+                    t = best_microseconds(cycling([
+                        lambda w=w: triton_linear(x, w, y, config) for w in weights]),
+                        args.iters, args.rounds)
+                except Exception as error:  # too much shared memory for this tile: skip it
+                    if "resources" not in str(error).lower():
+                        raise
+                    continue
+                if t < best:
+                    best, best_config = t, config
+            triton_linear(x, weights[0], y, best_config)
+            diff = (y.float() - F.linear(x, weights[0]).float()).abs().max().item()
+            for i, t in enumerate((bound * 1e6, cublas, lt, best)):
+                per_layer[rows][i] += t
+            print(f"{name:<8} {rows:>4} {bound * 1e6:>9.2f} {cublas:>9.2f} {lt:>9.2f} "
+                  f"{best:>8.2f}  {' '.join(map(str, best_config)):<34} {diff:.4f}", flush=True)
+    print("the four per layer, x 28 layers (ms per decode step):")
+    for rows, (bound, cublas, lt, best) in per_layer.items():
+        print(f"  rows {rows:>4}: bound {bound * 28e-3:.3f}  F.linear {cublas * 28e-3:.3f}  "
+              f"cublasLt {lt * 28e-3:.3f}  Triton {best * 28e-3:.3f}")
+
+
+if __name__ == "__main__":
+    main()
