@@ -372,7 +372,8 @@ def reference_decode_attention(case: dict, scale: float) -> torch.Tensor:
 def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, splits):
     """Split into chunks (some of them empty: more chunks than tokens), merged by the last
     chunk to finish; the new K and V stored at out_loc; the counters left at zero, so that a
-    second launch (a graph's replay) gives the same result."""
+    second launch (a graph's replay) gives the same result, as does a launch whose blocks
+    take the requests in another order (each request's arithmetic is its own)."""
     case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
     scale = head_dim ** -0.5
     want = reference_decode_attention(case, scale)
@@ -388,6 +389,10 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
     assert not scratch[1].any()
     again = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
     assert again is not None and torch.equal(again, out)
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(splits))
+    ordered = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch,
+                                            order=order)
+    assert ordered is not None and torch.equal(ordered, out)
 
 
 def test_decode_attention_declines_what_it_does_not_take(emulate):
@@ -403,8 +408,24 @@ def test_decode_attention_declines_what_it_does_not_take(emulate):
                       ("k_cache", case["k_cache"].transpose(0, 1).contiguous().transpose(0, 1))]:
         assert cuda_kernels.decode_attention(**(case | {name: bad}), scale=0.1, splits=2,
                                              scratch=scratch) is None, name
+    for bad_order in (torch.tensor([1, 0], dtype=torch.int32), torch.tensor([0])):
+        assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch,
+                                             order=bad_order) is None
     odd = decode_case([5], 2, 1, 48, torch.float32, seed=0)  # a head size it is not built for
     assert cuda_kernels.decode_attention(**odd, scale=0.1, splits=1, scratch=scratch) is None
+
+
+def test_decode_attention_blocks_per_sm_in_the_emulator_and_for_heads_it_lacks():
+    """The emulator runs one block at a time; a build that does not exist is an error, not a
+    zero that would make the backend cut no chunks."""
+    cpu = torch.device("cpu")
+    assert cuda_kernels.decode_attention_blocks_per_sm(16, 8, 128, torch.bfloat16, cpu) == 1
+    for q_heads, kv_heads, head_dim in [(10, 2, 128), (4, 2, 48), (3, 2, 64)]:
+        with pytest.raises(ValueError, match="no build"):
+            cuda_kernels.decode_attention_blocks_per_sm(q_heads, kv_heads, head_dim,
+                                                        torch.float32, cpu)
+    with pytest.raises(ValueError, match="computes in"):
+        cuda_kernels.decode_attention_blocks_per_sm(4, 2, 64, torch.float16, cpu)
 
 
 def bf16_zeros(*shape: int) -> torch.Tensor:
@@ -645,16 +666,23 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     replay our kernel, which stores and attends, in place of store_kv and FlashInfer's decode;
     the tokens stay transformers' greedy. By default every graph is ours (three requests replay
     the graph of 4), and with OWN_DECODE_MAX_BATCH at 4 (this run's largest graph); at 2, only
-    the graphs of 1 and 2."""
+    the graphs of 1 and 2. The emulator holds one block at a time, so every launch has more
+    blocks than a wave: the backend orders the requests longest first, which the prompts'
+    different lengths make another order than the batch's (in the graph of 4)."""
     every_graph_ours = own_max is None or own_max >= 4
     monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", own_max)
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
     monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
                         classmethod(lambda cls, *args: None))
-    launches = []
+    launches, orders = [], []
     real = cuda_kernels.decode_attention
-    monkeypatch.setattr(cuda_kernels, "decode_attention",
-                        lambda q, *a, **kw: launches.append(len(q)) or real(q, *a, **kw))
+
+    def decode_attention(q, *args):
+        launches.append(len(q))
+        orders.append(args[-1].tolist())
+        return real(q, *args)
+
+    monkeypatch.setattr(cuda_kernels, "decode_attention", decode_attention)
     prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
     llm = LLM(str(models_dir / TINY_QWEN3), attention_backend="flashinfer", cuda_graph="emulate",
               custom_kernels="emulate", max_running_req=4, num_page_override=128,
@@ -672,6 +700,9 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
     # The captured sizes up to the bound; the graph of 4 (three requests, padded) only with 4.
     assert launches and set(launches) <= {1, 2, 4} and (4 in launches) == every_graph_ours
+    assert all(sorted(order) == list(range(len(order))) for order in orders)
+    if every_graph_ours:  # the three requests, in the graph of 4, are ours to order
+        assert any(order != sorted(order) for order in orders)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

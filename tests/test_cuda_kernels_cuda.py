@@ -68,6 +68,16 @@ def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, splits)
     assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
 
 
+def test_decode_attention_blocks_per_sm_follow_the_builds_registers():
+    """The occupancy the backend sizes its chunks by: Qwen3-0.6B's build is held to 128
+    registers a thread (its launch bounds), so 4 blocks of 128 threads fit an SM's 65,536
+    registers; the build for 4 query heads a KV head (about 210 registers) fits fewer."""
+    device = torch.device("cuda")
+    qwen3 = cuda_kernels.decode_attention_blocks_per_sm(16, 8, 128, torch.bfloat16, device)
+    group4 = cuda_kernels.decode_attention_blocks_per_sm(32, 8, 128, torch.bfloat16, device)
+    assert qwen3 == 4 and 1 <= group4 < qwen3
+
+
 @pytest.mark.parametrize("tokens", [1, 256])
 def test_qk_norm_rope_rounds_as_the_cpu_reference(on_gpu, tokens):
     """Against the reference ops computed on the CPU (the norm rounds where transformers rounds

@@ -18,6 +18,12 @@ FlashInfer's CUDA-graph wrapper (which always splits each request's KV into chun
 tensor-core path, and chapter 19's own kernel (csrc/decode_attention.cu: a block per KV head
 and chunk, chunks merged by the last one to finish, the new token's K/V store included) at a few
 chunk counts, captured the same way.
+
+--mixed measures contexts of different lengths, the official workload's at the first decode
+step (its prompts: 100-1,024 tokens) and halfway (each request 300 tokens further), as the engine
+replays them at page size 256: FlashInfer's CUDA-graph wrapper planned for those lengths, and
+ours at one chunk a request, its blocks started in batch order and longest request first (the
+backend's order where a launch has more blocks than the SMs hold at once).
 """
 
 from __future__ import annotations
@@ -28,31 +34,33 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+from offline import official_workload  # noqa: E402
 
 KV_HEADS, HEAD_DIM = 8, 128  # Qwen3-0.6B and Qwen3-8B alike; 16 query heads or 32 (--query-heads)
 
 
-def kv_bytes(batch: int, context: int) -> int:
-    """The K and V bytes a decode step of the batch must read once (bfloat16)."""
-    return batch * context * KV_HEADS * HEAD_DIM * 2 * 2
+def kv_bytes(contexts: list[int]) -> int:
+    """The K and V bytes a decode step of these requests must read once (bfloat16)."""
+    return sum(contexts) * KV_HEADS * HEAD_DIM * 2 * 2
 
 
-def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: bool,
+def decode_microseconds(contexts: list[int], page_size: int, tensor_cores: bool,
                         q_heads: int, graph: bool = False) -> float:
     import flashinfer
 
-    pages_per_req = -(-context // page_size)
-    num_pages = batch * pages_per_req
-    dtype, device = torch.bfloat16, "cuda"
+    batch, dtype, device = len(contexts), torch.bfloat16, "cuda"
+    pages = [-(-c // page_size) for c in contexts]
+    num_pages = sum(pages)
     k = torch.randn(num_pages, page_size, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
     v = torch.randn_like(k)
     q = torch.randn(batch, q_heads, HEAD_DIM, dtype=dtype, device=device)
-    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * pages_per_req
+    indptr = torch.tensor([0, *pages], dtype=torch.int32, device=device).cumsum(0).int()
     indices = torch.randperm(num_pages, dtype=torch.int32, device=device)  # scattered pages
-    last = context - (pages_per_req - 1) * page_size
-    last_page_len = torch.full((batch,), last, dtype=torch.int32, device=device)
+    last_page_len = torch.tensor([c - (n - 1) * page_size for c, n in zip(contexts, pages)],
+                                 dtype=torch.int32, device=device)
     workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
     if graph:
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
@@ -66,14 +74,14 @@ def decode_microseconds(batch: int, context: int, page_size: int, tensor_cores: 
                              rounds=5, graph=graph)
 
 
-def ours_microseconds(batch: int, context: int, page_size: int, splits: int,
-                      q_heads: int) -> float:
+def ours_microseconds(contexts: list[int], page_size: int, splits: int, q_heads: int,
+                      longest_first: bool = False) -> float:
     """Chapter 19's kernel on the same shapes, the pages scattered the same way; it also stores
     the new token's K and V (a launch of store_kv before FlashInfer's, in the engine)."""
     from minisgl.kernel import cuda_kernels
 
-    pages_per_req = -(-context // page_size)
-    dtype, device = torch.bfloat16, "cuda"
+    batch, dtype, device = len(contexts), torch.bfloat16, "cuda"
+    pages_per_req = -(-max(contexts) // page_size)  # the page table's width
     slots = batch * pages_per_req * page_size
     k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM, dtype=dtype, device=device)
     v_cache = torch.randn_like(k_cache)
@@ -81,7 +89,8 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int,
     offsets = torch.arange(page_size, device=device)
     page_table = (pages[:, :, None] * page_size + offsets).view(batch, -1).int()
     rows = torch.arange(batch, device=device)
-    positions = torch.full((batch,), context - 1, device=device)
+    positions = torch.tensor(contexts, device=device) - 1
+    order = positions.argsort(descending=True) if longest_first else None
     out_loc = page_table[rows, positions].long()
     qkv = torch.randn(batch, (q_heads + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
     q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
@@ -90,7 +99,7 @@ def ours_microseconds(batch: int, context: int, page_size: int, splits: int,
                                                     HEAD_DIM, device)
     return best_microseconds(lambda: cuda_kernels.decode_attention(
         q, k, v, k_cache, v_cache, page_table, rows, positions, out_loc, HEAD_DIM ** -0.5,
-        splits, scratch), iters=50, rounds=5)
+        splits, scratch, order), iters=50, rounds=5)
 
 
 def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int],
@@ -102,15 +111,35 @@ def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[
     for page_size in page_sizes:
         for context in contexts:
             for batch in batches:
-                kv = kv_bytes(batch, context)
-                times = [decode_microseconds(batch, context, page_size, tensor_cores, q_heads,
-                                             graph=True) for tensor_cores in (False, True)]
-                times += [ours_microseconds(batch, context, page_size, n, q_heads)
+                kv = kv_bytes([context] * batch)
+                times = [decode_microseconds([context] * batch, page_size, tensor_cores,
+                                             q_heads, graph=True) for tensor_cores in (False, True)]
+                times += [ours_microseconds([context] * batch, page_size, n, q_heads)
                           for n in splits]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
                       f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:])
                       + f" {kv / times[0] / 1e3:>16.0f}"
                       f" {kv / min(times[2:]) / 1e3:>10.0f}", flush=True)
+
+
+def mixed_table(batches: list[int], q_heads: int) -> None:
+    """The official workload's contexts: FlashInfer's graph wrapper, ours in batch order and
+    longest first (one chunk a request), page size 256."""
+    prompts = [len(p) for p in official_workload()[0]]
+    print(f"{'batch':>6} {'step':>9} {'tokens':>8} {'FlashInfer µs':>14} {'ours µs':>8} "
+          f"{'longest first µs':>17} {'GB/s FlashInfer':>16} {'GB/s ours':>10} "
+          f"{'GB/s longest first':>19}")
+    for batch in batches:
+        for step, extra in (("first", 0), ("+300", 300)):
+            contexts = [n + extra for n in prompts[:batch]]
+            times = [decode_microseconds(contexts, 256, False, q_heads, graph=True),
+                     ours_microseconds(contexts, 256, 1, q_heads),
+                     ours_microseconds(contexts, 256, 1, q_heads, longest_first=True)]
+            kv = kv_bytes(contexts)
+            print(f"{batch:>6} {step:>9} {sum(contexts):>8} "
+                  + " ".join(f"{t:>{w}.1f}" for t, w in zip(times, (14, 8, 17)))
+                  + " " + " ".join(f"{kv / t / 1e3:>{w}.0f}" for t, w in zip(times, (16, 10, 19))),
+                  flush=True)
 
 
 def main() -> None:
@@ -122,12 +151,17 @@ def main() -> None:
                         help="as the engine replays decode: the CUDA-graph wrapper, in a graph")
     parser.add_argument("--splits", type=int, nargs="+", default=[8, 16, 32, 64],
                         help="with --graph: chunks our kernel cuts a request's context into")
+    parser.add_argument("--mixed", action="store_true",
+                        help="the official workload's different context lengths (see above)")
     parser.add_argument("--query-heads", type=int, default=16,
                         help="16 (Qwen3-0.6B: 2 a KV head) or 32 (Qwen3-8B: 4 a KV head)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one layer of decode "
           f"attention, {args.query_heads} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, "
           "bf16")
+    if args.mixed:
+        mixed_table(args.batch, args.query_heads)
+        return
     if args.graph:
         small_batch_table(args.batch, args.context, args.page_size, args.splits,
                           args.query_heads)
@@ -137,8 +171,8 @@ def main() -> None:
     for page_size in args.page_size:
         for context in args.context:
             for batch in args.batch:
-                kv = kv_bytes(batch, context)
-                plain, cores = (decode_microseconds(batch, context, page_size, tensor_cores,
+                kv = kv_bytes([context] * batch)
+                plain, cores = (decode_microseconds([context] * batch, page_size, tensor_cores,
                                                     args.query_heads)
                                 for tensor_cores in (False, True))
                 print(f"{batch:>6} {context:>8} {page_size:>5} {kv / 1e6:>7.1f} "

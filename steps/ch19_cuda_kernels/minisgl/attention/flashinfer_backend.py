@@ -35,10 +35,6 @@ _own_bound = os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH")
 if _own_bound is not None and not _own_bound.isdigit():
     raise ValueError(f"MINISGL_OWN_DECODE_MAX_BATCH must be a whole number, not {_own_bound!r}")
 OWN_DECODE_MAX_BATCH = None if _own_bound is None else int(_own_bound)  # None: every size
-# Ours cuts each request's context into at most `splits` chunks, a block of 128 threads per
-# chunk and KV head: enough for every SM to hold two when the context is long enough (the kernel
-# makes a chunk at least one pass of its threads, so a short context takes fewer).
-BLOCKS_PER_SM = 2
 
 
 @dataclass
@@ -57,6 +53,10 @@ class OwnDecodeMetadata:
     runner's static buffer (prepare_in_graph)."""
     last_indices: torch.Tensor
     splits: int  # chunks per request
+    # The order the requests' blocks start in, longest first (the backend's static buffer,
+    # filled before each replay), where the launch has more blocks than the SMs hold at once;
+    # None: in batch order.
+    order: torch.Tensor | None
 
 
 class FlashInferBackend(BaseAttentionBackend):
@@ -188,8 +188,16 @@ class FlashInferBackend(BaseAttentionBackend):
                 and self.head_dim in cuda_kernels.DECODE_ATTENTION_HEAD_DIMS
                 and self.num_qo_heads // self.num_kv_heads
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
-            self.sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                             if self.device.type == "cuda" else 1)
+            # Ours cuts each request's context into chunks, a block of 128 threads per chunk
+            # and KV head: as many as the SMs hold at once (one wave; the kernel makes a chunk
+            # at least one pass of its threads, so a short context takes fewer). A launch with
+            # more blocks than that runs its last ones almost alone: at batch 32 on an H200,
+            # 3 chunks (768 blocks, 528 resident) took 47.5 us where 2 took 38.3
+            # (book/runs/ch19_decode_attention_s17.h200.txt).
+            sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else 1)
+            self.wave = sm_count * cuda_kernels.decode_attention_blocks_per_sm(
+                self.num_qo_heads, self.num_kv_heads, self.head_dim, keys.dtype, self.device)
             # Room for the largest captured size and for the one with the most chunks in all,
             # which need not be the same.
             largest = (max_batch_size if OWN_DECODE_MAX_BATCH is None
@@ -198,6 +206,7 @@ class FlashInferBackend(BaseAttentionBackend):
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
                 largest, chunks, self.num_qo_heads, self.num_kv_heads, self.head_dim,
                 self.device)
+            self.own_decode_order = torch.arange(largest, device=self.device)
         self.graph_wrappers: dict[int, Any] = {}
         if self._own_decode(max_batch_size):
             return  # our kernel takes every captured size: none of FlashInfer's graph state
@@ -222,17 +231,22 @@ class FlashInferBackend(BaseAttentionBackend):
         return self.own_decode_scratch is not None and (OWN_DECODE_MAX_BATCH is None
                                                         or batch_size <= OWN_DECODE_MAX_BATCH)
 
+    def _ordered(self, batch_size: int) -> bool:
+        """Whether a graph of this size starts its longest requests first: more blocks than
+        the SMs hold at once, so the last ones to start run while the rest of the GPU idles."""
+        return self._splits(batch_size) * batch_size * self.num_kv_heads > self.wave
+
     def _splits(self, batch_size: int) -> int:
-        blocks = BLOCKS_PER_SM * self.sm_count
         return max(1, min(cuda_kernels.DECODE_ATTENTION_MAX_SPLITS,
-                          -(-blocks // (batch_size * self.num_kv_heads))))
+                          self.wave // (batch_size * self.num_kv_heads)))
 
     def capture_metadata(self, batch_size: int) -> FlashInferMetadata | OwnDecodeMetadata:
         import flashinfer
 
         if self._own_decode(batch_size):
+            order = self.own_decode_order[:batch_size] if self._ordered(batch_size) else None
             return OwnDecodeMetadata(torch.arange(batch_size, device=self.device),
-                                     self._splits(batch_size))
+                                     self._splits(batch_size), order)
 
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
@@ -243,7 +257,16 @@ class FlashInferBackend(BaseAttentionBackend):
 
     def prepare_replay(self, batch: Batch, padded_size: int) -> None:
         if self._own_decode(padded_size):
-            return  # nothing to plan: the kernel reads the static rows and positions
+            # Nothing to plan: the kernel reads the static rows and positions. Where the launch
+            # is more than a wave, the order of its blocks: longest requests first, the padding
+            # rows (one key each) last. A list sort on the host, copied before the replay.
+            if self._ordered(padded_size):
+                lengths = [r.device_len for r in batch.reqs]
+                order = sorted(range(batch.size), key=lengths.__getitem__, reverse=True)
+                order += range(batch.size, padded_size)
+                self.own_decode_order[:padded_size].copy_(
+                    pin(torch.tensor(order), self.device), non_blocking=True)
+            return
         pad = padded_size - batch.size  # padding rows: the dummy row, one key
         self.last_plan.synchronize()
         self._plan_replay(self.graph_wrappers[padded_size],
@@ -287,7 +310,8 @@ class FlashInferBackend(BaseAttentionBackend):
             out = cuda_kernels.decode_attention(
                 q, k, v, self.pool.k_cache(layer_id), self.pool.v_cache(layer_id),
                 self.page_table, self.own_decode_rows, batch.positions, batch.out_loc,
-                self.sm_scale, meta.splits, self.own_decode_scratch)  # type: ignore[arg-type]
+                self.sm_scale, meta.splits, self.own_decode_scratch,  # type: ignore[arg-type]
+                meta.order)
             if out is None:
                 raise RuntimeError("decode_attention declined the tensors of a captured step")
             return out

@@ -33,7 +33,8 @@ _SIGNATURES = {
                                                                               c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
-    + [c_void_p] * 3 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
+    + [c_void_p] * 4 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
+    "minisgl_decode_attention_blocks_per_sm": [c_int64] * 3 + [c_int],
 }
 
 
@@ -209,6 +210,20 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
 
 
+def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
+                                   dtype: torch.dtype, device: torch.device) -> int:
+    """How many of decode_attention's blocks (one per chunk and KV head) an SM of `device` runs
+    at once, for these heads (the build's registers decide); 1 in the emulator."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"decode_attention computes in {tuple(_DTYPES)}, not {dtype}")
+    blocks = _library("decode_attention", device).minisgl_decode_attention_blocks_per_sm(
+        q_heads, kv_heads, head_dim, _DTYPES[dtype])
+    if blocks < 1:
+        raise ValueError(f"decode_attention has no build for {q_heads} query heads on "
+                         f"{kv_heads} KV heads of {head_dim}")
+    return blocks
+
+
 def decode_attention_scratch(num_reqs: int, chunks: int, q_heads: int, kv_heads: int,
                              head_dim: int,
                              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,14 +239,18 @@ def decode_attention_scratch(num_reqs: int, chunks: int, q_heads: int, kv_heads:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor,
                      positions: torch.Tensor, out_loc: torch.Tensor, scale: float, splits: int,
-                     scratch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | None:
+                     scratch: tuple[torch.Tensor, torch.Tensor],
+                     order: torch.Tensor | None = None) -> torch.Tensor | None:
     """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
     [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
     page_table[rows]), each request's context cut into at most `splits` chunks (a chunk is at
-    least one pass of the kernel's threads). None (nothing done) when the kernel does not take
-    these tensors."""
+    least one pass of the kernel's threads). `order`, a permutation of the requests, is the
+    order their blocks start in (longest first: no long block left to run alone at the end);
+    the kernel trusts it to be one. None (nothing done) when the kernel does not take these
+    tensors."""
     n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
     partial, finished = scratch
+    indices = (rows, positions, out_loc) if order is None else (rows, positions, out_loc, order)
     if not (q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype == k_cache.dtype
             == v_cache.dtype and head_dim in DECODE_ATTENTION_HEAD_DIMS and n > 0
             and k.dim() == v.dim() == 3 and k.shape == v.shape and k.stride() == v.stride()
@@ -243,7 +262,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             and page_table.dtype == torch.int32 and page_table.dim() == 2
             and page_table.is_contiguous() and 1 <= splits <= DECODE_ATTENTION_MAX_SPLITS
             and all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous()
-                    for t in (rows, positions, out_loc))
+                    and t.device == q.device for t in indices)
             and partial.dtype == torch.float32 and finished.dtype == torch.int32
             and partial.numel() >= n * q_heads * splits * (head_dim + 2)
             and finished.numel() >= n * k.shape[1]):
@@ -252,7 +271,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     code = _library("decode_attention", q.device).minisgl_decode_attention(
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
         k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), page_table.shape[1],
-        rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(), n, q_heads, k.shape[1],
+        rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
+        order.data_ptr() if order is not None else None, n, q_heads, k.shape[1],
         head_dim, splits, scale, partial.data_ptr(), finished.data_ptr(), _DTYPES[q.dtype],
         _stream(q))
     _check(code, "decode_attention")

@@ -97,25 +97,38 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
   }
 }
 
-// Block (chunk blockIdx.x, KV head blockIdx.y, request blockIdx.z). Each request's context is cut
-// into chunks of a whole number of passes, at most gridDim.x of them; blocks past the last chunk
-// have nothing to do.
+// Block (chunk blockIdx.x, KV head blockIdx.y, request order[blockIdx.z], or blockIdx.z without
+// an order). Each request's context is cut into chunks of a whole number of passes, at most
+// gridDim.x of them; blocks past the last chunk have nothing to do. The GPU starts blocks about
+// in the order of their index, so when a launch has more blocks than the SMs hold at once, an
+// order that puts the longest requests first leaves short blocks for the end, where a long one
+// would run almost alone.
+//
+// Blocks an SM must hold: 4 for bfloat16 with 1-2 query heads a KV head (Qwen3-0.6B's 2), which
+// caps the registers at 128 a thread. Left to itself nvcc gives that build 155 since the request
+// comes from `order` (128 when it was blockIdx.z), and an SM holds 3 blocks. The others keep
+// what they need without spilling (bfloat16 groups 3-4: about 160 and 210, 3 and 2 blocks;
+// float32: more); 0 sets no minimum.
+template <typename T, int kGroup>
+constexpr int kMinBlocks = sizeof(T) == 2 && kGroup <= 2 ? 4 : 0;
+
 template <typename T, int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kThreads) decode_attention_kernel(
+__global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attention_kernel(
     T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_new,
     const T* __restrict__ v_new, int64_t q_stride, int64_t kv_stride, T* __restrict__ k_cache,
     T* __restrict__ v_cache, const int32_t* __restrict__ page_table, int64_t table_width,
     const int64_t* __restrict__ rows, const int64_t* __restrict__ positions,
-    const int64_t* __restrict__ out_loc, int64_t q_heads, int64_t kv_heads, float scale,
-    float* __restrict__ partial_out, float* __restrict__ partial_max,
+    const int64_t* __restrict__ out_loc, const int64_t* __restrict__ order, int64_t q_heads,
+    int64_t kv_heads, float scale, float* __restrict__ partial_out, float* __restrict__ partial_max,
     float* __restrict__ partial_sum, int32_t* __restrict__ finished) {
   constexpr int kLanes = kHeadDim / kPer;     // threads per token
   constexpr int kSlots = kThreads / kLanes;   // tokens the block holds at once
   constexpr int kPass = kSlots * kTile;       // tokens per pass
   const int tid = threadIdx.x, lane = tid % kLanes, slot = tid / kLanes;
-  const int64_t chunk = blockIdx.x, kv_head = blockIdx.y, req = blockIdx.z, splits = gridDim.x;
+  const int64_t chunk = blockIdx.x, kv_head = blockIdx.y, splits = gridDim.x;
 
   // Before the wait: only what was written before this step (see the top of the file).
+  const int64_t req = order != nullptr ? order[blockIdx.z] : blockIdx.z;
   const int64_t position = positions[req], length = position + 1;
   const int64_t wanted = (length + splits - 1) / splits;
   const int64_t per_chunk = (wanted + kPass - 1) / kPass * kPass;
@@ -316,33 +329,65 @@ static auto kernel_for(int64_t group) {
                       : decode_attention_kernel<T, kHeadDim, 4>;
 }
 
+// The build for a dtype, head size and group (launch_decode_attention's choice).
+template <typename T>
+static auto build_for(int64_t head_dim, int64_t group) {
+  return head_dim == 32    ? kernel_for<T, 32>(group)
+         : head_dim == 64  ? kernel_for<T, 64>(group)
+         : head_dim == 128 ? kernel_for<T, 128>(group)
+                           : kernel_for<T, 256>(group);
+}
+
 template <typename T>
 static void launch_decode_attention(void* out, const void* q, const void* k_new,
                                     const void* v_new, int64_t q_stride, int64_t kv_stride,
                                     void* k_cache, void* v_cache, const int32_t* page_table,
                                     int64_t table_width, const int64_t* rows,
                                     const int64_t* positions, const int64_t* out_loc,
-                                    int64_t num_reqs, int64_t q_heads, int64_t kv_heads,
-                                    int64_t head_dim, int64_t splits, float scale, float* scratch,
-                                    int32_t* finished, void* stream) {
+                                    const int64_t* order, int64_t num_reqs, int64_t q_heads,
+                                    int64_t kv_heads, int64_t head_dim, int64_t splits,
+                                    float scale, float* scratch, int32_t* finished,
+                                    void* stream) {
   const int64_t partials = num_reqs * q_heads * splits;
   float *partial_out = scratch, *partial_max = scratch + partials * head_dim,
         *partial_sum = partial_max + partials;
-  const int64_t group = q_heads / kv_heads;
-  auto kernel = head_dim == 32    ? kernel_for<T, 32>(group)
-                : head_dim == 64  ? kernel_for<T, 64>(group)
-                : head_dim == 128 ? kernel_for<T, 128>(group)
-                                  : kernel_for<T, 256>(group);
+  const auto kernel = build_for<T>(head_dim, q_heads / kv_heads);
   LAUNCH(kernel, dim3(splits, kv_heads, num_reqs), dim3(kThreads), stream, static_cast<T*>(out),
          static_cast<const T*>(q), static_cast<const T*>(k_new), static_cast<const T*>(v_new),
          q_stride, kv_stride, static_cast<T*>(k_cache), static_cast<T*>(v_cache), page_table,
-         table_width, rows, positions, out_loc, q_heads, kv_heads, scale, partial_out,
+         table_width, rows, positions, out_loc, order, q_heads, kv_heads, scale, partial_out,
          partial_max, partial_sum, finished);
+}
+
+static bool supported(int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+  return (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+         kv_heads >= 1 && q_heads % kv_heads == 0 && q_heads / kv_heads <= kMaxGroup;
+}
+
+// How many blocks of the build for these heads one SM holds at once (its registers and shared
+// memory decide): chunks beyond what all SMs hold together run in a second wave. -1 for heads
+// the kernel is not compiled for; 1 in the emulator, which runs one block at a time.
+extern "C" int minisgl_decode_attention_blocks_per_sm(int64_t q_heads, int64_t kv_heads,
+                                                      int64_t head_dim, int dtype) {
+  if (!supported(q_heads, kv_heads, head_dim)) return -1;
+#ifdef __CUDACC__
+  int blocks = 0;
+  const cudaError_t error =
+      dtype == 0 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       &blocks, build_for<float>(head_dim, q_heads / kv_heads), kThreads, 0)
+                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                       &blocks, build_for<bf16>(head_dim, q_heads / kv_heads), kThreads, 0);
+  return error == cudaSuccess ? blocks : -1;
+#else
+  (void)dtype;
+  return 1;
+#endif
 }
 
 // out [reqs, q_heads, head_dim]; q rows q_stride elements apart, k_new / v_new rows kv_stride
 // apart (views into the fused qkv projection); caches [slots, kv_heads, head_dim]; every head
-// vector 16-byte aligned; scratch holds reqs * q_heads * splits * (head_dim + 2) floats;
+// vector 16-byte aligned; order, a permutation of the requests (the order their blocks start
+// in), or null for 0, 1, ...; scratch holds reqs * q_heads * splits * (head_dim + 2) floats;
 // finished, reqs * kv_heads counters, all zero (each launch leaves them so). dtype: 0 float32,
 // 1 bfloat16. Returns a CUDA error code (0: none); -1 for a head size the kernel is not compiled
 // for (32, 64, 128, 256), more than kMaxGroup query heads per KV head or more than kMaxSplits
@@ -351,22 +396,21 @@ extern "C" int minisgl_decode_attention(
     void* out, const void* q, const void* k_new, const void* v_new, int64_t q_stride,
     int64_t kv_stride, void* k_cache, void* v_cache, const int32_t* page_table,
     int64_t table_width, const int64_t* rows, const int64_t* positions, const int64_t* out_loc,
-    int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t splits,
-    float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
-  if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256) return -1;
-  if (kv_heads < 1 || q_heads % kv_heads != 0 || q_heads / kv_heads > kMaxGroup) return -1;
+    const int64_t* order, int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+    int64_t splits, float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
+  if (!supported(q_heads, kv_heads, head_dim)) return -1;
   if (splits < 1 || splits > kMaxSplits) return -1;
   if (num_reqs == 0) return 0;
   if (dtype == 0)
     launch_decode_attention<float>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
-                                   page_table, table_width, rows, positions, out_loc, num_reqs,
-                                   q_heads, kv_heads, head_dim, splits, scale, scratch, finished,
-                                   stream);
+                                   page_table, table_width, rows, positions, out_loc, order,
+                                   num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                   finished, stream);
   else
     launch_decode_attention<bf16>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
-                                  page_table, table_width, rows, positions, out_loc, num_reqs,
-                                  q_heads, kv_heads, head_dim, splits, scale, scratch, finished,
-                                  stream);
+                                  page_table, table_width, rows, positions, out_loc, order,
+                                  num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                  finished, stream);
 #ifdef __CUDACC__
   return static_cast<int>(cudaGetLastError());
 #else
