@@ -76,7 +76,13 @@ measure)
     # one wave of four: 64, 33, 16, 8, 4, 2.
     timeout 100 python3 benchmark/h200/decode_attention.py --graph --batch 1 2 4 8 16 32 \
         --context 1024 4096 --page-size 256 --splits 2 3 4 5 8 9 16 17 33 64 > $R/splits.txt 2>&1
-    cat $R/splits.txt ;;
+    cat $R/splits.txt
+    # Batch 1 takes 64 chunks now (33 before): the batch-1 measure, one process each.
+    decode="--model models/qwen3-0.6b-random --tp 1 --batch 1 --device cuda --attn flashinfer"
+    timeout 60 python3 benchmark/tp_decode.py $decode > $R/tp_decode.txt 2>&1
+    PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 60 python3 .dev/old/benchmark/tp_decode.py \
+        $decode >> $R/tp_decode.txt 2>&1
+    grep -h "^measured" $R/tp_decode.txt ;;
 finish)
     decode="--model models/qwen3-0.6b-random --tp 1 --batch 1 32 256 --device cuda --attn flashinfer"
     for n in 1 2 3; do
