@@ -68,6 +68,19 @@ def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, splits)
     assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
 
 
+def test_decode_attention_longest_first_gives_the_same_output(on_gpu):
+    """More blocks than the SMs hold (300 requests x 8 KV heads, one chunk each), the requests
+    started longest first: every output as in batch order, bit for bit."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 600, (300,), generator=gen).tolist()
+    case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=1, device="cuda")
+    scratch = cuda_kernels.decode_attention_scratch(300, 300, 16, 8, 128, torch.device("cuda"))
+    plain = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=1, scratch=scratch)
+    ordered = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=1, scratch=scratch,
+                                            order=case["positions"].argsort(descending=True))
+    assert plain is not None and ordered is not None and torch.equal(plain, ordered)
+
+
 def test_decode_attention_blocks_per_sm_follow_the_builds_registers():
     """The occupancy the backend sizes its chunks by: Qwen3-0.6B's build is held to 128
     registers a thread (its launch bounds), so 4 blocks of 128 threads fit an SM's 65,536

@@ -31,7 +31,7 @@ from triton.runtime.errors import OutOfResources
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
-from kernel_bench import L2_BYTES, cycling  # noqa: E402
+from kernel_bench import cycling, weight_copies  # noqa: E402
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
@@ -87,9 +87,7 @@ def main() -> None:
     default_blas = torch.backends.cuda.preferred_blas_library()
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
-        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-                   for _ in range(copies)]
+        weights = weight_copies(n, k)
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
-from kernel_bench import L2_BYTES, cycling  # noqa: E402  (the same L2 and turn-taking)
+from kernel_bench import cycling, weight_copies  # noqa: E402  (the same L2 and turn-taking)
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
 from minisgl.kernel import cuda_kernels  # noqa: E402
 
@@ -43,9 +43,7 @@ def main() -> None:
     total = {rows: [0.0, 0.0] for rows in args.rows}
     for name, (n_out, k) in SHAPES.items():
         nbytes = n_out * k * 2
-        copies = max(1, min(48, -(-4 * L2_BYTES // nbytes)))
-        weights = [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-                   for _ in range(copies)]
+        weights = weight_copies(n_out, k)
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             ours = best_microseconds(cycling([lambda w=w: cuda_kernels.gemv(x, w)

