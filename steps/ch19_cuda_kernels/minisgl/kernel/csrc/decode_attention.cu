@@ -105,8 +105,8 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
 // would run almost alone.
 //
 // Blocks an SM must hold: 4 for bfloat16 with 1-2 query heads a KV head (Qwen3-0.6B's 2), which
-// caps the registers at 128 a thread. Left to itself nvcc gives that build 155 since the request
-// comes from `order` (128 when it was blockIdx.z), and an SM holds 3 blocks. The others keep
+// caps the registers at 128 a thread. Left to itself nvcc 13.0 gives that build 155 since the
+// request comes from `order` (128 when it was blockIdx.z): an SM held 3 blocks. The others keep
 // what they need without spilling (bfloat16 groups 3-4: about 160 and 210, 3 and 2 blocks;
 // float32: more); 0 sets no minimum.
 template <typename T, int kGroup>
