@@ -6,8 +6,11 @@ page_size 256), run three times by one LLM after its warm-up:
 2. under py-spy (--idle, the main thread): which functions the host spends the run in, waiting
    for the GPU included;
 3. under torch.profiler, GPU activity only: every kernel's time summed by category (the
-   categories of decode_profile.py) and the time the GPU is busy at all (the union of the
-   kernels' intervals), against the wall time.
+   categories of decode_profile.py), the time the GPU is busy at all (the union of the
+   kernels' intervals) against the wall time, and its idle gaps by their length;
+4. the same for the prefill alone: the same prompts with max_tokens 1.
+Every run adds its number to each prompt's token ids (the ids stay below the vocabulary): the
+lengths are the workload's, and the radix cache finds no prompt of an earlier run.
 
     python benchmark/h200/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
 """
@@ -15,6 +18,7 @@ page_size 256), run three times by one LLM after its warm-up:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -47,10 +51,15 @@ def main() -> int:
     llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
                  progress=False)
 
-    def run() -> float:
+    runs = itertools.count(1)
+
+    def run(prefill_only: bool = False) -> float:
+        shift = next(runs)
+        fresh = [[token + shift for token in prompt] for prompt in prompts]
+        once = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        llm.generate(prompts, params, progress=False)
+        llm.generate(fresh, once if prefill_only else params, progress=False)
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -63,8 +72,17 @@ def main() -> int:
         print("py-spy:", error)
     if stacks.is_file():
         print(pyspy.summary(stacks, top=45), flush=True)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        wall = run()
+    for title, prefill_only in (("the workload", False), ("its prefill alone", True)):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            wall = run(prefill_only)
+        print(f"== {title}")
+        report(prof, wall)
+    llm.shutdown()
+    return 0
+
+
+def report(prof: profile, wall: float) -> None:
+    """GPU time by category and by kernel, the GPU's busy time, its idle gaps by length."""
     by_category: Counter[str] = Counter()
     by_kernel: Counter[str] = Counter()
     intervals = []
@@ -74,17 +92,23 @@ def main() -> int:
             by_category[category(event.name)] += seconds
             by_kernel[event.name] += seconds
             intervals.append((event.time_range.start, event.time_range.end))
-    busy = total(merge(intervals)) / 1e6  # seconds
+    merged = merge(intervals)
+    busy = total(merged) / 1e6  # seconds
     print(f"under the profiler (GPU only): {wall:.2f} s wall, GPU busy {busy:.2f} s "
           f"({busy / wall:.1%}), kernel time {sum(by_category.values()):.2f} s in "
           f"{len(intervals):,} kernels")
+    # The GPU's idle time between its first and last kernel, by the length of each gap: many
+    # short ones are kernel boundaries, gaps of a step's length are the host.
+    gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
+    print("idle gaps between kernels (count, total s):")
+    for low, high in ((0, 5), (5, 50), (50, 500), (500, 5000), (5000, float("inf"))):
+        within = [g for g in gaps if low <= g < high]
+        print(f"  {low:>5}-{high:<5} us  {len(within):>9,}  {sum(within) / 1e6:7.3f} s")
     for name, seconds in by_category.most_common():
         print(f"  {seconds:7.3f} s  {name}")
     print("kernels with the most GPU time (s):")
     for name, seconds in by_kernel.most_common(30):
         print(f"  {seconds:7.3f}  {name[:120]}")
-    llm.shutdown()
-    return 0
 
 
 if __name__ == "__main__":
