@@ -29,10 +29,10 @@ _LINE = re.compile(r"^(.*) (\d+)$")
 _FRAME = re.compile(r"^(.*?) \((?:.*/)?([^/:]+)(?::\d+)?\)$")
 
 
-def start(pid: int, output: Path) -> subprocess.Popen:
+def start(pid: int, output: Path, rate: int = RATE) -> subprocess.Popen:
     """`py-spy record` of one process until stop(); --nonblocking: the target never pauses."""
     return subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--rate", str(RATE), "--nonblocking", "--idle",
+        ["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking", "--idle",
          "--threads", "--format", "raw", "--output", str(output)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -79,7 +79,7 @@ def read(path: Path) -> dict[str, collections.Counter]:
 ANCESTOR = 0.97  # a function in this share of a thread's samples or more: its call path
 
 
-def summary(path: Path, top: int = 25) -> str:
+def summary(path: Path, top: int = 25, rate: int = RATE) -> str:
     """Per thread, the functions with the most inclusive samples; the call path leading to the
     thread's work (functions in nearly every sample) and threads that only wait are left out."""
     lines = [f"== {path.name}"]
@@ -90,7 +90,7 @@ def summary(path: Path, top: int = 25) -> str:
                  if name and n < ANCESTOR * total][:top]
         if not shown:
             continue
-        lines.append(f"  {thread}: {total} 个样本（{total / RATE:.1f} 秒）")
+        lines.append(f"  {thread}: {total} 个样本（{total / rate:.1f} 秒）")
         lines += [f"    {n / total:6.1%}  {name}" for name, n in shown]
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ Each op runs --iters times captured in one CUDA graph and replayed between two C
 of --rounds (minisgl/benchmark/perf.py); the weights cycle through copies until a cycle holds
 4 x the L2 (kernel_bench.py), as 28 layers' weights do.
 
-    python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256]
+    python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     parser.add_argument("--iters", type=int, default=56)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hot", action="store_true",
+                        help="one copy of each weight, in the L2 after the first call")
+    parser.add_argument("--no-triton", action="store_true", help="cuBLAS only")
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__} · triton "
           f"{triton.__version__} · bfloat16 · best of {args.rounds} x {args.iters} calls in a "
@@ -87,7 +90,7 @@ def main() -> None:
     default_blas = torch.backends.cuda.preferred_blas_library()
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
-        weights = weight_copies(n, k)
+        weights = weight_copies(n, k)[:1] if args.hot else weight_copies(n, k)
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -99,7 +102,7 @@ def main() -> None:
                                    args.iters, args.rounds)
             torch.backends.cuda.preferred_blas_library(default_blas)
             best, best_config = float("inf"), None
-            for config in configs(rows):
+            for config in [] if args.no_triton else configs(rows):
                 try:
                     t = best_microseconds(cycling([
                         lambda w=w: triton_linear(x, w, y, config) for w in weights]),
@@ -108,12 +111,15 @@ def main() -> None:
                     continue
                 if t < best:
                     best, best_config = t, config
-            triton_linear(x, weights[0], y, best_config)
-            diff = (y.float() - F.linear(x, weights[0]).float()).abs().max().item()
+            diff = float("nan")
+            if best_config is not None:
+                triton_linear(x, weights[0], y, best_config)
+                diff = (y.float() - F.linear(x, weights[0]).float()).abs().max().item()
             for i, t in enumerate((bound * 1e6, cublas, lt, best)):
                 per_layer[rows][i] += t
             print(f"{name:<8} {rows:>4} {bound * 1e6:>9.2f} {cublas:>9.2f} {lt:>9.2f} "
-                  f"{best:>8.2f}  {' '.join(map(str, best_config)):<34} {diff:.4f}", flush=True)
+                  f"{best:>8.2f}  {' '.join(map(str, best_config or ['-'])):<34} {diff:.4f}",
+                  flush=True)
     print("the four per layer, x 28 layers (ms per decode step):")
     for rows, (bound, cublas, lt, best) in per_layer.items():
         print(f"  rows {rows:>4}: bound {bound * 28e-3:.3f}  F.linear {cublas * 28e-3:.3f}  "

@@ -4,7 +4,7 @@ The workload of benchmark/offline.py (256 requests, 133,966 output tokens, tempe
 page_size 256), run three times by one LLM after its warm-up:
 1. plain: the wall time;
 2. under py-spy (--idle, the main thread): which functions the host spends the run in, waiting
-   for the GPU included;
+   for the GPU included; then the same for five runs of the prefill alone (below);
 3. under torch.profiler, GPU activity only: every kernel's time summed by category (the
    categories of decode_profile.py), the time the GPU is busy at all (the union of the
    kernels' intervals) against the wall time, and its idle gaps by their length;
@@ -64,14 +64,17 @@ def main() -> int:
         return time.perf_counter() - start
 
     print(f"plain: {run():.2f} s wall", flush=True)
-    stacks = Path(args.out) / "workload.pyspy.txt"
-    recorder = pyspy.start(os.getpid(), stacks)
-    time.sleep(1)  # py-spy attaches
-    print(f"under py-spy: {run():.2f} s wall", flush=True)
-    for error in pyspy.stop([recorder]):
-        print("py-spy:", error)
-    if stacks.is_file():
-        print(pyspy.summary(stacks, top=45), flush=True)
+    # The prefill alone is under half a second: five runs, sampled five times as often.
+    for name, runs_spied, rate in (("workload", 1, pyspy.RATE), ("prefill", 5, 5 * pyspy.RATE)):
+        stacks = Path(args.out) / f"{name}.pyspy.txt"
+        recorder = pyspy.start(os.getpid(), stacks, rate)
+        time.sleep(1)  # py-spy attaches
+        walls = [run(prefill_only=name == "prefill") for _ in range(runs_spied)]
+        print(f"{name} under py-spy: {' '.join(f'{w:.2f}' for w in walls)} s wall", flush=True)
+        for error in pyspy.stop([recorder]):
+            print("py-spy:", error)
+        if stacks.is_file():
+            print(pyspy.summary(stacks, top=45, rate=rate), flush=True)
     for title, prefill_only in (("the workload", False), ("its prefill alone", True)):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             wall = run(prefill_only)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import c_float, c_int, c_int64, c_uint64, c_void_p
+from functools import cache
 
 import torch
 
@@ -65,10 +66,22 @@ def prepare(device: torch.device) -> None:
 
 def _library(name: str, device: torch.device) -> ctypes.CDLL:
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        library = jit.load(name, "cuda", f"sm_{major}{minor}")
-    else:
-        library = jit.load(name, "emulator")
+        return _typed(name, "cuda", _arch(device.index))
+    return _typed(name, "emulator", None)
+
+
+# Cached: an eager prefill step calls the kernels a hundred times, and asking the device and
+# looking every exported function up again cost the host tens of microseconds a call.
+@cache
+def _arch(index: int | None) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+@cache
+def _typed(name: str, target: str, arch: str | None) -> ctypes.CDLL:
+    """The library with the argument and result types of the functions it exports set."""
+    library = jit.load(name, target, arch)
     for function, argtypes in _SIGNATURES.items():
         if hasattr(library, function):
             getattr(library, function).argtypes = argtypes
