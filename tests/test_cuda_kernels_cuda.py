@@ -11,7 +11,6 @@ from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
 from test_cuda_kernels import (TOLERANCE, decode_case, reference_decode_attention,
                                relative_error)
 from minisgl.core import SamplingParams
-from minisgl.core.rotation import Rotation
 from minisgl.attention import flashinfer_backend
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
@@ -82,32 +81,10 @@ def test_decode_attention_longest_first_gives_the_same_output(on_gpu):
     assert plain is not None and ordered is not None and torch.equal(plain, ordered)
 
 
-def test_decode_attention_rotates_as_qk_norm_rope_then_attention(on_gpu):
-    """Qwen3-0.6B's heads, 300 requests: q/k-norm and RoPE inside the kernel against our
-    qk_norm_rope before it. The norm's sum is added in another order, so a value may land one
-    bfloat16 step away: the output and the stored key within one rounding."""
-    gen = torch.Generator().manual_seed(2)
-    lengths = torch.randint(1, 600, (300,), generator=gen).tolist()
-    case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=3, device="cuda")
-    table = torch.randn(1024, 128, generator=gen).cuda()
-    norms = [(torch.rand(128, generator=gen) + 0.5).to(torch.bfloat16).cuda() for _ in range(2)]
-    scratch = cuda_kernels.decode_attention_scratch(300, 300, 16, 8, 128, torch.device("cuda"))
-    fused = {name: t.clone() for name, t in case.items()}
-    out = cuda_kernels.decode_attention(**fused, scale=128 ** -0.5, splits=1, scratch=scratch,
-                                        rotation=Rotation(table, *norms, 1e-6))
-    assert cuda_kernels.qk_norm_rope(case["positions"], case["q"].flatten(1),
-                                     case["k"].flatten(1), 128, *norms, 1e-6, table)
-    want = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=1, scratch=scratch)
-    assert out is not None and want is not None
-    assert relative_error(out.cpu(), want.cpu()) <= TOLERANCE[torch.bfloat16]
-    stored, expected = fused["k_cache"][case["out_loc"]], case["k_cache"][case["out_loc"]]
-    assert relative_error(stored.cpu(), expected.cpu()) <= TOLERANCE[torch.bfloat16]
-
-
 def test_decode_attention_blocks_per_sm_follow_the_builds_registers():
     """The occupancy the backend sizes its chunks by: Qwen3-0.6B's build is held to 128
     registers a thread (its launch bounds), so 4 blocks of 128 threads fit an SM's 65,536
-    registers; the build for 4 query heads a KV head (about 170 registers) fits fewer."""
+    registers; the build for 4 query heads a KV head (about 210 registers) fits fewer."""
     device = torch.device("cuda")
     qwen3 = cuda_kernels.decode_attention_blocks_per_sm(16, 8, 128, torch.bfloat16, device)
     group4 = cuda_kernels.decode_attention_blocks_per_sm(32, 8, 128, torch.bfloat16, device)

@@ -232,7 +232,7 @@ def _takes_rotation(rotation: Rotation, q: torch.Tensor, head_dim: int) -> bool:
             and table.shape[1] == head_dim and table.device == q.device and _aligned(table)
             and (all(w is None for w in norms) or all(
                 w is not None and w.dtype == q.dtype and w.shape == (head_dim,)
-                and w.is_contiguous() and w.device == q.device for w in norms)))
+                and w.is_contiguous() and w.device == q.device and _aligned(w) for w in norms)))
 
 
 def _rotation_args(rotation: Rotation | None) -> tuple[int | None, int | None, int | None, float]:

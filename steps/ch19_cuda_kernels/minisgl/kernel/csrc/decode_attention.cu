@@ -93,13 +93,13 @@ template <typename T, int kLanes>
 __device__ inline void norm_and_rotate(float* x, const T* norm, const float* cosines,
                                        const float* sines, int lane, float eps) {
   if (norm != nullptr) {
-    float sum = 0.0f;
+    float weight[kPer], sum = 0.0f;
+    to_floats(load_piece(norm + lane * kPer), weight);
     for (int i = 0; i < kPer; ++i) sum += x[i] * x[i];
     for (int offset = kLanes / 2; offset > 0; offset /= 2)
       sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const float inv_rms = 1.0f / sqrtf(sum / static_cast<float>(kLanes * kPer) + eps);
-    for (int i = 0; i < kPer; ++i)  // element by element: the weight may lie anywhere
-      x[i] = rounded<T>(rounded<T>(x[i] * inv_rms) * to_float(norm[lane * kPer + i]));
+    for (int i = 0; i < kPer; ++i) x[i] = rounded<T>(rounded<T>(x[i] * inv_rms) * weight[i]);
   }
   float partner[kPer];
   for (int i = 0; i < kPer; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, x[i], kLanes / 2);
@@ -153,8 +153,8 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
 // Blocks an SM must hold: 4 for bfloat16 with 1-2 query heads a KV head (Qwen3-0.6B's 2), which
 // caps the registers at 128 a thread. Left to itself nvcc 13.0 gives that build 155 since the
 // request comes from `order` (128 when it was blockIdx.z): an SM held 3 blocks. The others keep
-// what they need without spilling (bfloat16 groups 3-4: 164 and 168 with the rotation, 211
-// before it, 3 blocks; float32: more); 0 sets no minimum.
+// what they need without spilling (bfloat16 groups 3-4: about 160 and 210, 3 and 2 blocks;
+// float32: more); 0 sets no minimum.
 template <typename T, int kGroup>
 constexpr int kMinBlocks = sizeof(T) == 2 && kGroup <= 2 ? 4 : 0;
 
