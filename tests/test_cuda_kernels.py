@@ -17,7 +17,6 @@ import fake_flashinfer
 from conftest import TINY_QWEN3
 from minisgl.attention import FlashInferBackend, flashinfer_backend
 from minisgl.core import SamplingParams
-from minisgl.core.rotation import Rotation
 from minisgl.kernel import cuda_kernels, jit
 from minisgl.kernel.norm import rms_norm
 from minisgl.kernel.rotary import apply_rotary_inplace
@@ -394,41 +393,6 @@ def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, 
     ordered = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch,
                                             order=order)
     assert ordered is not None and torch.equal(ordered, out)
-
-
-@pytest.mark.parametrize("dtype, q_heads, kv_heads, head_dim", [
-    (torch.bfloat16, 16, 8, 128), (torch.float32, 4, 2, 64), (torch.float32, 8, 4, 32)])
-@pytest.mark.parametrize("normed", [True, False])
-def test_decode_attention_rotates_as_the_separate_kernel_does(emulate, dtype, q_heads,
-                                                               kv_heads, head_dim, normed):
-    """Given the rotation, the kernel takes q and k as the projection wrote them: its output
-    and the key it stores are those of qk_norm_rope (or the rotation alone, Llama) followed by
-    the kernel without it, up to the order of the norm's sum (a last bit of float32, at most
-    one rounding of bfloat16)."""
-    lengths, splits = [9, 1, 40], 3
-    case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=7)
-    gen = torch.Generator().manual_seed(1)
-    table = torch.randn(64, head_dim, generator=gen)
-    norms = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype) for _ in range(2)]
-    rotation = Rotation(table, *norms, 1e-6) if normed else Rotation(table)
-    scratch = cuda_kernels.decode_attention_scratch(3, 3 * splits, q_heads, kv_heads, head_dim,
-                                                    torch.device("cpu"))
-    fused = {name: t.clone() for name, t in case.items()}
-    out = cuda_kernels.decode_attention(**fused, scale=0.1, splits=splits, scratch=scratch,
-                                        rotation=rotation)
-    q, k = case["q"].flatten(1), case["k"].flatten(1)
-    if normed:
-        assert cuda_kernels.qk_norm_rope(case["positions"], q, k, head_dim, *norms, 1e-6, table)
-    else:
-        apply_rotary_inplace(case["positions"], q, k, head_dim, table)
-    want = cuda_kernels.decode_attention(**case, scale=0.1, splits=splits, scratch=scratch)
-    assert out is not None and want is not None
-    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
-    assert (out.float() - want.float()).abs().max().item() <= tolerance * 4
-    stored, expected = fused["k_cache"][case["out_loc"]], case["k_cache"][case["out_loc"]]
-    assert (stored.float() - expected.float()).abs().max().item() <= tolerance * 4
-    assert torch.equal(fused["v_cache"], case["v_cache"])
-    assert not torch.equal(stored, fused["k"])  # rotated: not the projection's key
 
 
 def test_decode_attention_declines_what_it_does_not_take(emulate):

@@ -1,1 +1,1 @@
-../../../steps/ch19_cuda_kernels/minisgl/attention/base.py
+../../../steps/ch18_cuda_graph/minisgl/attention/base.py

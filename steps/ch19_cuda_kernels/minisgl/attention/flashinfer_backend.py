@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from minisgl.core import Batch
-from minisgl.core.rotation import Rotation
 from minisgl.kernel import cuda_kernels
 from minisgl.kvcache import MHAKVPool
 from minisgl.utils import create_event, pin
@@ -304,34 +303,18 @@ class FlashInferBackend(BaseAttentionBackend):
         page = (j - ends[owner] + pages[owner]).clamp_(max=per_row - 1)
         self.graph_indices[: len(j)] = self.page_table[rows[owner], page * size] // size
 
-    def rotates(self, batch: Batch) -> bool:
-        """Our decode kernel applies the layer's q/k-norm and RoPE itself: one launch a layer
-        less in every captured step."""
-        return isinstance(batch.attn_metadata, OwnDecodeMetadata)
-
-    def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         layer_id: int, batch: Batch, rotation: Rotation) -> torch.Tensor:
-        return self._own_decode_attention(q, k, v, layer_id, batch, rotation)
-
-    def _own_decode_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              layer_id: int, batch: Batch,
-                              rotation: Rotation | None) -> torch.Tensor:
-        """Chapter 19: store, (rotate,) and attend in one launch."""
-        meta = batch.attn_metadata
-        assert isinstance(meta, OwnDecodeMetadata)
-        out = cuda_kernels.decode_attention(
-            q, k, v, self.pool.k_cache(layer_id), self.pool.v_cache(layer_id), self.page_table,
-            self.own_decode_rows, batch.positions, batch.out_loc, self.sm_scale, meta.splits,
-            self.own_decode_scratch, meta.order, rotation)  # type: ignore[arg-type]
-        if out is None:
-            raise RuntimeError("decode_attention declined the tensors of a captured step")
-        return out
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:
         meta = batch.attn_metadata
-        if isinstance(meta, OwnDecodeMetadata):
-            return self._own_decode_attention(q, k, v, layer_id, batch, None)
+        if isinstance(meta, OwnDecodeMetadata):  # chapter 19: store and attend in one launch
+            out = cuda_kernels.decode_attention(
+                q, k, v, self.pool.k_cache(layer_id), self.pool.v_cache(layer_id),
+                self.page_table, self.own_decode_rows, batch.positions, batch.out_loc,
+                self.sm_scale, meta.splits, self.own_decode_scratch,  # type: ignore[arg-type]
+                meta.order)
+            if out is None:
+                raise RuntimeError("decode_attention declined the tensors of a captured step")
+            return out
         assert isinstance(meta, FlashInferMetadata)
         self.pool.store_kv(k, v, batch.out_loc, layer_id)
         pages = (-1, self.page_size, self.num_kv_heads, self.head_dim)  # NHD, page by page

@@ -19,8 +19,6 @@ from functools import cache
 
 import torch
 
-from minisgl.core.rotation import Rotation
-
 from . import jit
 
 MODES = ("auto", "off", "emulate")
@@ -36,7 +34,7 @@ _SIGNATURES = {
                                                                               c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
-    + [c_void_p] * 7 + [c_float] + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
+    + [c_void_p] * 4 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
     "minisgl_decode_attention_blocks_per_sm": [c_int64] * 3 + [c_int],
 }
 
@@ -225,24 +223,6 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
 
 
-def _takes_rotation(rotation: Rotation, q: torch.Tensor, head_dim: int) -> bool:
-    """The rotation laid out as decode_attention reads it, for heads like q's."""
-    table, norms = rotation.cos_sin_cache, (rotation.q_norm, rotation.k_norm)
-    return (table.dtype == torch.float32 and table.dim() == 2 and table.is_contiguous()
-            and table.shape[1] == head_dim and table.device == q.device and _aligned(table)
-            and (all(w is None for w in norms) or all(
-                w is not None and w.dtype == q.dtype and w.shape == (head_dim,)
-                and w.is_contiguous() and w.device == q.device and _aligned(w) for w in norms)))
-
-
-def _rotation_args(rotation: Rotation | None) -> tuple[int | None, int | None, int | None, float]:
-    if rotation is None:
-        return None, None, None, 0.0
-    q_norm, k_norm = rotation.q_norm, rotation.k_norm
-    return (rotation.cos_sin_cache.data_ptr(), None if q_norm is None else q_norm.data_ptr(),
-            None if k_norm is None else k_norm.data_ptr(), rotation.eps)
-
-
 def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
                                    dtype: torch.dtype, device: torch.device) -> int:
     """How many of decode_attention's blocks (one per chunk and KV head) an SM of `device` runs
@@ -273,22 +253,17 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor,
                      positions: torch.Tensor, out_loc: torch.Tensor, scale: float, splits: int,
                      scratch: tuple[torch.Tensor, torch.Tensor],
-                     order: torch.Tensor | None = None,
-                     rotation: Rotation | None = None) -> torch.Tensor | None:
+                     order: torch.Tensor | None = None) -> torch.Tensor | None:
     """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
     [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
     page_table[rows]), each request's context cut into at most `splits` chunks (a chunk is at
     least one pass of the kernel's threads). `order`, a permutation of the requests, is the
     order their blocks start in (longest first: no long block left to run alone at the end);
-    the kernel trusts it to be one. With a `rotation`, q and k come straight from the
-    projection: the kernel applies it (RoPE at `positions`, after the per-head RMSNorm where it
-    has one) as qk_norm_rope would, and stores and attends with the result. None (nothing done)
-    when the kernel does not take these tensors."""
+    the kernel trusts it to be one. None (nothing done) when the kernel does not take these
+    tensors."""
     n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
     partial, finished = scratch
     indices = (rows, positions, out_loc) if order is None else (rows, positions, out_loc, order)
-    if not (rotation is None or _takes_rotation(rotation, q, head_dim)):
-        return None
     if not (q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype == k_cache.dtype
             == v_cache.dtype and head_dim in DECODE_ATTENTION_HEAD_DIMS and n > 0
             and k.dim() == v.dim() == 3 and k.shape == v.shape and k.stride() == v.stride()
@@ -310,8 +285,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
         k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), page_table.shape[1],
         rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
-        order.data_ptr() if order is not None else None,
-        *_rotation_args(rotation), n, q_heads, k.shape[1], head_dim, splits, scale,
-        partial.data_ptr(), finished.data_ptr(), _DTYPES[q.dtype], _stream(q))
+        order.data_ptr() if order is not None else None, n, q_heads, k.shape[1],
+        head_dim, splits, scale, partial.data_ptr(), finished.data_ptr(), _DTYPES[q.dtype],
+        _stream(q))
     _check(code, "decode_attention")
     return out

@@ -31,19 +31,13 @@ class AttentionLayer(StatelessOP):
         ctx = get_global_ctx()
         q_size, kv_size = self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        rotation = None
-        if ctx.attn_backend.rotates(ctx.batch):  # chapter 19: inside the attention kernel
-            rotation = self._rotary.rotation(self._q_norm, self._k_norm)
-        elif self._q_norm is not None and self._k_norm is not None:
+        if self._q_norm is not None and self._k_norm is not None:
             q, k = self._rotary.forward_normed(ctx.batch.positions, q, k, self._q_norm,
                                                self._k_norm)
         else:
             q, k = self._rotary.forward(ctx.batch.positions, q, k)
-        heads = (q.view(-1, self.num_q_heads, self.head_dim),
-                 k.view(-1, self.num_kv_heads, self.head_dim),
-                 v.view(-1, self.num_kv_heads, self.head_dim))
-        if rotation is not None:
-            out = ctx.attn_backend.forward_rotating(*heads, self.layer_id, ctx.batch, rotation)
-        else:
-            out = ctx.attn_backend.forward(*heads, self.layer_id, ctx.batch)
+        out = ctx.attn_backend.forward(q.view(-1, self.num_q_heads, self.head_dim),
+                                       k.view(-1, self.num_kv_heads, self.head_dim),
+                                       v.view(-1, self.num_kv_heads, self.head_dim),
+                                       self.layer_id, ctx.batch)
         return out.reshape(-1, q_size)

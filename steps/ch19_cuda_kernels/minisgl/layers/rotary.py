@@ -5,7 +5,6 @@ from typing import Any
 
 import torch
 
-from minisgl.core.rotation import Rotation
 from minisgl.kernel import apply_rotary_inplace, qk_norm_rope
 
 from .base import StatelessOP
@@ -83,14 +82,6 @@ class RotaryEmbedding(StatelessOP):
         # would cost a device-to-host sync in every layer of every step.
         apply_rotary_inplace(positions, q, k, self.head_dim, self._cos_sin_cache)
         return q, k
-
-    def rotation(self, q_norm: RMSNorm | None = None,
-                 k_norm: RMSNorm | None = None) -> Rotation:
-        """What forward (no norms) or forward_normed would do, for an attention backend that
-        does it itself (chapter 19)."""
-        if q_norm is None or k_norm is None:
-            return Rotation(self._cos_sin_cache)
-        return Rotation(self._cos_sin_cache, q_norm.weight, k_norm.weight, q_norm.eps)
 
     def forward_normed(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        q_norm: RMSNorm, k_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:

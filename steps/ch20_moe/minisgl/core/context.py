@@ -8,7 +8,6 @@ from typing import Protocol
 import torch
 
 from .batch import Batch
-from .rotation import Rotation
 
 
 class AttentionBackend(Protocol):
@@ -17,14 +16,6 @@ class AttentionBackend(Protocol):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor: ...
-
-    def rotates(self, batch: Batch) -> bool:
-        """Whether forward_rotating takes this batch (chapter 19): q and k as the projection
-        wrote them, with the rotation the layer would have applied before forward()."""
-        ...
-
-    def forward_rotating(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         layer_id: int, batch: Batch, rotation: Rotation) -> torch.Tensor: ...
 
 
 class MoEBackend(Protocol):

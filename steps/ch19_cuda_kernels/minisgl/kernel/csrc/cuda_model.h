@@ -174,11 +174,6 @@ template <> HOST_DEVICE inline bf16 from_float<bf16>(float x) {
   return bf16{static_cast<uint16_t>((v.u + rounding) >> 16)};
 }
 
-// x stored in T and read back: where the reference ops keep an intermediate in the model's dtype.
-template <typename T> HOST_DEVICE inline float rounded(float x) {
-  return to_float(from_float<T>(x));
-}
-
 // The 8 bfloat16 of one 16-byte piece as floats.
 HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
   const uint32_t words[4] = {piece.x, piece.y, piece.z, piece.w};

@@ -17,10 +17,7 @@
 //    kernel of it, so most of the memory time overlaps the q/k norm + RoPE kernel before us;
 //  - the chunks' partial results are merged by the last block of each (request, KV head) to
 //    finish (a counter says which), not by a second kernel; a context that fits one chunk writes
-//    its output directly;
-//  - given the rotary table, q and k_new arrive as the projection wrote them, and the block
-//    applies RoPE (and Qwen3's per-head RMSNorm, given its weights) on the way in, as
-//    qk_norm_rope.cu would have in a launch of its own before this one.
+//    its output directly.
 //
 // Keys are found through the page table (page_table[row, i] is the pool slot of token i), so the
 // kernel needs no per-batch plan and a graph replays it as captured. The new token (the last one,
@@ -64,49 +61,6 @@ HOST_DEVICE inline void to_floats(const Piece<float>& piece, float* out) {
       out[4 * w + j] = v.f;
     }
   }
-}
-// And back, each value rounded to the piece's type.
-HOST_DEVICE inline void from_floats(const float* in, Piece<bf16>& piece) {
-  uint32_t words[4];
-  for (int j = 0; j < 4; ++j)
-    words[j] = from_float<bf16>(in[2 * j]).bits |
-               static_cast<uint32_t>(from_float<bf16>(in[2 * j + 1]).bits) << 16;
-  piece.words[0] = uint4{words[0], words[1], words[2], words[3]};
-}
-HOST_DEVICE inline void from_floats(const float* in, Piece<float>& piece) {
-  for (int w = 0; w < 2; ++w) {
-    uint32_t words[4];
-    for (int j = 0; j < 4; ++j) {
-      union { float f; uint32_t u; } v{in[4 * w + j]};
-      words[j] = v.u;
-    }
-    piece.words[w] = uint4{words[0], words[1], words[2], words[3]};
-  }
-}
-
-// RMSNorm over one head (skipped where `norm` is null: Llama), then RoPE, on the kPer values of
-// it this thread holds, dimensions lane * kPer on: qk_norm_rope.cu's arithmetic, rounded where
-// it rounds. The sum of squares is added across the head's kLanes threads (adjacent lanes);
-// RoPE's pairs (i, i + head_dim / 2) lie kLanes / 2 lanes apart, so each value meets its
-// partner in one shuffle. Every thread of the warp must call it (the shuffles).
-template <typename T, int kLanes>
-__device__ inline void norm_and_rotate(float* x, const T* norm, const float* cosines,
-                                       const float* sines, int lane, float eps) {
-  if (norm != nullptr) {
-    float weight[kPer], sum = 0.0f;
-    to_floats(load_piece(norm + lane * kPer), weight);
-    for (int i = 0; i < kPer; ++i) sum += x[i] * x[i];
-    for (int offset = kLanes / 2; offset > 0; offset /= 2)
-      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float inv_rms = 1.0f / sqrtf(sum / static_cast<float>(kLanes * kPer) + eps);
-    for (int i = 0; i < kPer; ++i) x[i] = rounded<T>(rounded<T>(x[i] * inv_rms) * weight[i]);
-  }
-  float partner[kPer];
-  for (int i = 0; i < kPer; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, x[i], kLanes / 2);
-  const bool first_half = lane < kLanes / 2;
-  for (int i = 0; i < kPer; ++i)
-    x[i] = rounded<T>(first_half ? x[i] * cosines[i] - partner[i] * sines[i]
-                                 : x[i] * cosines[i] + partner[i] * sines[i]);
 }
 
 // Where one thread's tokens lie: pass p of a chunk covers kSlots * kTile tokens, and the thread
@@ -164,11 +118,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
     const T* __restrict__ v_new, int64_t q_stride, int64_t kv_stride, T* __restrict__ k_cache,
     T* __restrict__ v_cache, const int32_t* __restrict__ page_table, int64_t table_width,
     const int64_t* __restrict__ rows, const int64_t* __restrict__ positions,
-    const int64_t* __restrict__ out_loc, const int64_t* __restrict__ order,
-    const float* __restrict__ cos_sin, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
-    float eps, int64_t q_heads, int64_t kv_heads, float scale, float* __restrict__ partial_out,
-    float* __restrict__ partial_max, float* __restrict__ partial_sum,
-    int32_t* __restrict__ finished) {
+    const int64_t* __restrict__ out_loc, const int64_t* __restrict__ order, int64_t q_heads,
+    int64_t kv_heads, float scale, float* __restrict__ partial_out, float* __restrict__ partial_max,
+    float* __restrict__ partial_sum, int32_t* __restrict__ finished) {
   constexpr int kLanes = kHeadDim / kPer;     // threads per token
   constexpr int kSlots = kThreads / kLanes;   // tokens the block holds at once
   constexpr int kPass = kSlots * kTile;       // tokens per pass
@@ -205,21 +157,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
     running_max[g] = -INFINITY;
     running_sum[g] = 0.0f;
   }
-  Piece<T> new_key = load_piece(k_new + req * kv_stride + at.offset);
+  const Piece<T> new_key = load_piece(k_new + req * kv_stride + at.offset);
   const Piece<T> new_value = load_piece(v_new + req * kv_stride + at.offset);
-  if (cos_sin != nullptr) {  // the same for the whole grid
-    // The table's row for the new token's position: cos of pair i at i, its sin at i + half.
-    float cosines[kPer], sines[kPer];
-    const float* row = cos_sin + position * kHeadDim + lane % (kLanes / 2) * kPer;
-    to_floats(load_piece(row), cosines);
-    to_floats(load_piece(row + kHeadDim / 2), sines);
-    for (int g = 0; g < kGroup; ++g)
-      norm_and_rotate<T, kLanes>(query[g], q_norm, cosines, sines, lane, eps);
-    float key[kPer];
-    to_floats(new_key, key);
-    norm_and_rotate<T, kLanes>(key, k_norm, cosines, sines, lane, eps);
-    from_floats(key, new_key);  // as it is stored, and as the next step's loop reads it
-  }
   const float scale_log2 = scale * kLog2e;
 
   // Online softmax over the thread's tokens, a tile at a time: running max m, sum of
@@ -405,11 +344,10 @@ static void launch_decode_attention(void* out, const void* q, const void* k_new,
                                     void* k_cache, void* v_cache, const int32_t* page_table,
                                     int64_t table_width, const int64_t* rows,
                                     const int64_t* positions, const int64_t* out_loc,
-                                    const int64_t* order, const float* cos_sin,
-                                    const void* q_norm, const void* k_norm, float eps,
-                                    int64_t num_reqs, int64_t q_heads, int64_t kv_heads,
-                                    int64_t head_dim, int64_t splits, float scale,
-                                    float* scratch, int32_t* finished, void* stream) {
+                                    const int64_t* order, int64_t num_reqs, int64_t q_heads,
+                                    int64_t kv_heads, int64_t head_dim, int64_t splits,
+                                    float scale, float* scratch, int32_t* finished,
+                                    void* stream) {
   const int64_t partials = num_reqs * q_heads * splits;
   float *partial_out = scratch, *partial_max = scratch + partials * head_dim,
         *partial_sum = partial_max + partials;
@@ -417,9 +355,8 @@ static void launch_decode_attention(void* out, const void* q, const void* k_new,
   LAUNCH(kernel, dim3(splits, kv_heads, num_reqs), dim3(kThreads), stream, static_cast<T*>(out),
          static_cast<const T*>(q), static_cast<const T*>(k_new), static_cast<const T*>(v_new),
          q_stride, kv_stride, static_cast<T*>(k_cache), static_cast<T*>(v_cache), page_table,
-         table_width, rows, positions, out_loc, order, cos_sin, static_cast<const T*>(q_norm),
-         static_cast<const T*>(k_norm), eps, q_heads, kv_heads, scale, partial_out, partial_max,
-         partial_sum, finished);
+         table_width, rows, positions, out_loc, order, q_heads, kv_heads, scale, partial_out,
+         partial_max, partial_sum, finished);
 }
 
 static bool supported(int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
@@ -450,10 +387,7 @@ extern "C" int minisgl_decode_attention_blocks_per_sm(int64_t q_heads, int64_t k
 // out [reqs, q_heads, head_dim]; q rows q_stride elements apart, k_new / v_new rows kv_stride
 // apart (views into the fused qkv projection); caches [slots, kv_heads, head_dim]; every head
 // vector 16-byte aligned; order, a permutation of the requests (the order their blocks start
-// in), or null for 0, 1, ...; cos_sin, the rotary table [positions, head_dim] (float32, cos
-// then sin), or null where q and k_new come rotated already; q_norm and k_norm, Qwen3's per-head
-// RMSNorm weights [head_dim] applied before the rotation, or null (eps: their epsilon);
-// scratch holds reqs * q_heads * splits * (head_dim + 2) floats;
+// in), or null for 0, 1, ...; scratch holds reqs * q_heads * splits * (head_dim + 2) floats;
 // finished, reqs * kv_heads counters, all zero (each launch leaves them so). dtype: 0 float32,
 // 1 bfloat16. Returns a CUDA error code (0: none); -1 for a head size the kernel is not compiled
 // for (32, 64, 128, 256), more than kMaxGroup query heads per KV head or more than kMaxSplits
@@ -462,22 +396,21 @@ extern "C" int minisgl_decode_attention(
     void* out, const void* q, const void* k_new, const void* v_new, int64_t q_stride,
     int64_t kv_stride, void* k_cache, void* v_cache, const int32_t* page_table,
     int64_t table_width, const int64_t* rows, const int64_t* positions, const int64_t* out_loc,
-    const int64_t* order, const float* cos_sin, const void* q_norm, const void* k_norm, float eps,
-    int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t splits,
-    float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
+    const int64_t* order, int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+    int64_t splits, float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
   if (!supported(q_heads, kv_heads, head_dim)) return -1;
   if (splits < 1 || splits > kMaxSplits) return -1;
   if (num_reqs == 0) return 0;
   if (dtype == 0)
     launch_decode_attention<float>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
                                    page_table, table_width, rows, positions, out_loc, order,
-                                   cos_sin, q_norm, k_norm, eps, num_reqs, q_heads, kv_heads,
-                                   head_dim, splits, scale, scratch, finished, stream);
+                                   num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                   finished, stream);
   else
     launch_decode_attention<bf16>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
                                   page_table, table_width, rows, positions, out_loc, order,
-                                  cos_sin, q_norm, k_norm, eps, num_reqs, q_heads, kv_heads,
-                                  head_dim, splits, scale, scratch, finished, stream);
+                                  num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                  finished, stream);
 #ifdef __CUDACC__
   return static_cast<int>(cudaGetLastError());
 #else

@@ -9,6 +9,10 @@
 
 constexpr int kLanes = 32;  // a warp
 
+// x stored in T and read back: where the reference ops keep an intermediate in the model's dtype.
+template <typename T>
+__device__ inline float rounded(float x) { return to_float(from_float<T>(x)); }
+
 // One warp per (token, head); a block holds blockDim.x / 32 heads of one token. Lane l owns the
 // pairs (i, i + head_dim / 2) that RoPE rotates together ("neox" layout) for i = l, l + 32, ...:
 // kPairs of them, so its values stay in registers, and each load of the warp reads 32
