@@ -31,13 +31,21 @@
 #            (.dev/old: b4f24ec): the kernel GPU tests (the rotation against qk_norm_rope);
 #            decode at batch 256 and 1 profiled, both trees; the official workload three rounds
 #            each, this tree and the tree before.
-#   finish   the same warm machine, carry [".dev/smollm2-2"]: tp_decode.py at batch 1 three
-#            processes (transformers in the first), the roofline.
+# measure showed (book/runs/ch19_rotation_s18.h200.txt): at batch 256 the step's GPU time 6.89
+# -> 6.85 ms (norm/RoPE 0.30 -> 0.21, attention 5.47 -> 5.53: every block of a request
+# rotates its queries again), at batch 1 1.18 -> 1.25 (the table's loads after the wait); the
+# workload 5.687 -> 5.663 s (medians), under the noise between rounds. Taken out again
+# (the tree is b886c12's): what stays is the sampler's logarithm and the libraries looked up
+# once.
+#   final    a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old", ".dev/smollm2-1"]:
+#            the official workload three rounds each, this tree and b4f24ec; tp_decode.py at
+#            batch 1 three processes (transformers in the first).
+#   finish   the same warm machine, carry [".dev/smollm2-2"]: the roofline.
 #   tests    the same warm machine, carry [".dev/smollm2-3"]: SmolLM2 built from its wheel,
-#            chapters 17-19's GPU tests (SmolLM2's greedy tokens through the rotating kernel).
+#            chapters 17-19's GPU tests.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session18.sh probe|probe2|measure|finish|tests}
+part=${1:?usage: session18.sh probe|probe2|measure|final|finish|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s18-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -96,13 +104,22 @@ measure)
         > $R/offline_after.txt 2>&1
     timeout 120 $OLD/offline.py $args --json $R/offline_before.json > $R/offline_before.txt 2>&1
     tail -n 3 $R/offline_*.txt ;;
-finish)
+final)
+    host_speed > $R/host.txt 2>&1
+    cat $R/host.txt
+    args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
+    # The first FlashInfer run on a fresh machine builds its kernels (JIT, about 70 s).
+    timeout 170 python3 benchmark/offline.py $args --json $R/offline_after.json \
+        > $R/offline_after.txt 2>&1
+    timeout 120 $OLD/offline.py $args --json $R/offline_before.json > $R/offline_before.txt 2>&1
+    tail -n 3 $R/offline_*.txt
     decode="--model $M --tp 1 --batch 1 --device cuda --attn flashinfer"
     timeout 100 python3 benchmark/tp_decode.py $decode --transformers > $R/tp_decode.txt 2>&1
     for n in 2 3; do
         timeout 60 python3 benchmark/tp_decode.py $decode >> $R/tp_decode.txt 2>&1
     done
-    grep -h "^measured\|transformers" $R/tp_decode.txt | head
+    grep -h "^measured\|transformers" $R/tp_decode.txt | head ;;
+finish)
     timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
