@@ -60,7 +60,6 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void
 
 #include <atomic>
 #include <barrier>
-#include <cmath>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -133,7 +132,6 @@ inline int32_t atomicAdd(int32_t* address, int32_t value) {
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 template <typename T> inline T __ldcg(const T* address) { return *address; }  // no L1 here
-inline float __logf(float x) { return std::log(x); }  // the GPU's fast one: an approximation
 
 #define LAUNCH(kernel, grid, block, stream, ...) \
   emulator::launch((grid), (block), [&] { kernel(__VA_ARGS__); })

@@ -80,13 +80,8 @@ __global__ void sample_kernel(int32_t* __restrict__ out, const T* __restrict__ l
     for (int j = 0; j < 4 && g * 4 + j < vocab; ++j) {
       const int col = static_cast<int>(g * 4 + j);
       const float logit = to_float(x[col]);
-      // Two logarithms an element make the kernel bound by arithmetic, not by reading the
-      // logits. The outer one may be the hardware's approximation: __logf is off by at most
-      // 2^-21.4 (4e-7) on [0.5, 2] and 3 units in the last place elsewhere (CUDA's bounds),
-      // about the spacing of float32 keys of magnitude 4. The inner one may not: for u near 1,
-      // -log(u) is below 1e-6, and an error of 4e-7 would be a good part of it.
       const float key =
-          temperature > 0.0f ? logit * inv_t - __logf(-logf(uniform(bits[j]))) : logit;
+          temperature > 0.0f ? logit * inv_t - logf(-logf(uniform(bits[j]))) : logit;
       if (ahead(key, col, best, best_col)) best = key, best_col = col;
     }
   }
