@@ -1,7 +1,7 @@
 """Where the official offline workload's time goes, on the host and on the GPU (issue 27).
 
 The workload of benchmark/offline.py (256 requests, 133,966 output tokens, temperature 0.6,
-page_size 256), run three times by one LLM after its warm-up:
+page_size 256), run by one LLM after its warm-up, several times:
 1. plain: the wall time;
 2. under py-spy (--idle, the main thread): which functions the host spends the run in, waiting
    for the GPU included; then the same for five runs of the prefill alone (below);
