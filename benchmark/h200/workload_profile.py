@@ -51,12 +51,12 @@ def main() -> int:
     llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
                  progress=False)
 
+    once = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
     runs = itertools.count(1)
 
     def run(prefill_only: bool = False) -> float:
         shift = next(runs)
         fresh = [[token + shift for token in prompt] for prompt in prompts]
-        once = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
         torch.cuda.synchronize()
         start = time.perf_counter()
         llm.generate(fresh, once if prefill_only else params, progress=False)
