@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig
 
 import fake_flashinfer
 from conftest import TINY_QWEN3
@@ -364,55 +365,102 @@ def reference_decode_attention(case: dict, scale: float) -> torch.Tensor:
     return torch.stack(outs)
 
 
+def plan_and_attend(case: dict, scale: float, items_per_wave: int,
+                    min_chunk: int = 1) -> tuple[torch.Tensor | None, tuple]:
+    """A step as a decode graph runs it: the plan from the positions, then the attention."""
+    q_heads, kv_heads, head_dim = case["q"].shape[1], case["k"].shape[1], case["q"].shape[2]
+    n = len(case["positions"])
+    scratch = cuda_kernels.decode_attention_scratch(n, items_per_wave, q_heads, kv_heads,
+                                                    head_dim, case["q"].device)
+    assert cuda_kernels.decode_attention_plan(case["positions"], items_per_wave, scratch,
+                                              min_chunk)
+    return cuda_kernels.decode_attention(**case, scale=scale, items_per_wave=items_per_wave,
+                                         scratch=scratch), scratch
+
+
+def plan_items(plan: torch.Tensor) -> list[tuple[int, ...]]:
+    """The plan's items: (request, chunk, chunks of the request, its first item)."""
+    return [tuple(item) for item in plan[4: 4 + 4 * int(plan[0])].view(-1, 4).tolist()]
+
+
+@pytest.mark.parametrize("lengths, items_per_wave, min_chunk, chunks", [
+    ([100] * 4, 8, 1, [2] * 4),  # one wave: 8 chunks of 50
+    ([100, 10, 10, 10], 4, 1, [5, 1, 1, 1]),  # one wave of 4 would idle: two waves (8)
+    ([64, 9, 64, 20, 1], 4, 1, [2, 1, 2, 1, 1]),  # more requests than a wave; ties in order
+    ([64, 9, 64, 20, 1], 4, 64, [1] * 5),  # at least 64 tokens a chunk
+    ([3000], 1000, 1, [64]),  # at most DECODE_ATTENTION_MAX_SPLITS a request
+    (list(range(1, 301)), 250, 1, [1] * 150 + [2] * 150)])  # two tiles of lengths
+def test_decode_attention_plan_cuts_a_wave_longest_first(emulate, lengths, items_per_wave,
+                                                          min_chunk, chunks):
+    """The finest cut (of the longest context into k chunks) whose chunks fit one wave, or
+    two where one would idle more than a quarter of its time; longest request first (ties in
+    batch order), each request's chunks together and numbered, its first item where they
+    start; no more items than decode_attention_max_items. 300 requests are more than the
+    plan's 256 threads: a thread places two, a tile of lengths at a time."""
+    positions = torch.tensor(lengths) - 1
+    scratch = cuda_kernels.decode_attention_scratch(len(lengths), items_per_wave, 2, 1, 64,
+                                                    torch.device("cpu"))
+    assert cuda_kernels.decode_attention_plan(positions, items_per_wave, scratch, min_chunk)
+    order = sorted(range(len(lengths)), key=lambda r: (-lengths[r], r))
+    want, first = [], 0
+    for r in order:
+        want += [(r, c, chunks[r], first) for c in range(chunks[r])]
+        first += chunks[r]
+    assert plan_items(scratch[2]) == want
+    assert len(want) <= cuda_kernels.decode_attention_max_items(len(lengths), items_per_wave)
+
+
 @pytest.mark.parametrize("dtype, q_heads, kv_heads, head_dim", [
     (torch.float32, 4, 2, 64), (torch.bfloat16, 16, 8, 128), (torch.float32, 3, 3, 256),
     (torch.bfloat16, 9, 3, 64), (torch.float32, 8, 4, 32)])
-@pytest.mark.parametrize("lengths, splits", [
-    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16), ([600], 64)])
-def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths, splits):
-    """Split into chunks (some of them empty: more chunks than tokens), merged by the last
-    chunk to finish; the new K and V stored at out_loc; the counters left at zero, so that a
-    second launch (a graph's replay) gives the same result, as does a launch whose blocks
-    take the requests in another order (each request's arithmetic is its own)."""
-    case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype, seed=sum(lengths) + splits)
+@pytest.mark.parametrize("lengths, items_per_wave", [
+    ([1], 1), ([1], 4), ([37], 1), ([37], 5), ([9, 1, 64, 20], 3), ([100, 3], 16),
+    ([600], 64)])
+def test_decode_attention(emulate, dtype, q_heads, kv_heads, head_dim, lengths,
+                          items_per_wave):
+    """Cut into chunks as planned (one token a chunk at most), merged by the last chunk to
+    finish; the new K and V stored at out_loc; the counters left at zero, so that a second
+    launch (a graph's replay) gives the same result."""
+    case = decode_case(lengths, q_heads, kv_heads, head_dim, dtype,
+                       seed=sum(lengths) + items_per_wave)
     scale = head_dim ** -0.5
     want = reference_decode_attention(case, scale)
-    scratch = cuda_kernels.decode_attention_scratch(len(lengths), len(lengths) * splits,
-                                                    q_heads, kv_heads, head_dim,
-                                                    torch.device("cpu"))
-    out = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    out, scratch = plan_and_attend(case, scale, items_per_wave)
     assert out is not None and out.shape == case["q"].shape and out.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # one rounding to bfloat16
     assert (out.double() - want).abs().max().item() <= tolerance * max(1, want.abs().max())
     assert torch.equal(case["k_cache"][case["out_loc"]], case["k"])
     assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
     assert not scratch[1].any()
-    again = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch)
+    again = cuda_kernels.decode_attention(**case, scale=scale, items_per_wave=items_per_wave,
+                                          scratch=scratch)
     assert again is not None and torch.equal(again, out)
-    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(splits))
-    ordered = cuda_kernels.decode_attention(**case, scale=scale, splits=splits, scratch=scratch,
-                                            order=order)
-    assert ordered is not None and torch.equal(ordered, out)
 
 
 def test_decode_attention_declines_what_it_does_not_take(emulate):
     case = decode_case([5, 6], 4, 2, 64, torch.float32, seed=0)
-    scratch = cuda_kernels.decode_attention_scratch(2, 2 * 2, 4, 2, 64, torch.device("cpu"))
-    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch) is not None
-    too_small = cuda_kernels.decode_attention_scratch(2, 2 * 1, 4, 2, 64, torch.device("cpu"))
-    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=too_small) is None
-    enough = cuda_kernels.decode_attention_scratch(2, 2 * 65, 4, 2, 64, torch.device("cpu"))
-    assert cuda_kernels.decode_attention(**case, scale=0.1, splits=65, scratch=enough) is None
+    cpu = torch.device("cpu")
+    scratch = cuda_kernels.decode_attention_scratch(2, 3, 4, 2, 64, cpu)
+    assert cuda_kernels.decode_attention_plan(case["positions"], 3, scratch)
+    assert cuda_kernels.decode_attention(**case, scale=0.1, items_per_wave=3,
+                                         scratch=scratch) is not None
+    small = cuda_kernels.decode_attention_scratch(2, 2, 4, 2, 64, cpu)  # room for 4 items, not 6
+    assert not cuda_kernels.decode_attention_plan(case["positions"], 3, small)
+    assert cuda_kernels.decode_attention(**case, scale=0.1, items_per_wave=3, scratch=small) is None
+    for positions, items_per_wave, min_chunk in [(case["positions"].int(), 3, 1),
+                                               (case["positions"][:0], 3, 1),
+                                               (case["positions"], 0, 1),
+                                               (case["positions"], 3, 0)]:
+        assert not cuda_kernels.decode_attention_plan(positions, items_per_wave, scratch,
+                                                      min_chunk)
     for name, bad in [("page_table", case["page_table"].long()),
                       ("positions", case["positions"].int()),
                       ("k_cache", case["k_cache"].transpose(0, 1).contiguous().transpose(0, 1))]:
-        assert cuda_kernels.decode_attention(**(case | {name: bad}), scale=0.1, splits=2,
+        assert cuda_kernels.decode_attention(**(case | {name: bad}), scale=0.1, items_per_wave=3,
                                              scratch=scratch) is None, name
-    for bad_order in (torch.tensor([1, 0], dtype=torch.int32), torch.tensor([0])):
-        assert cuda_kernels.decode_attention(**case, scale=0.1, splits=2, scratch=scratch,
-                                             order=bad_order) is None
     odd = decode_case([5], 2, 1, 48, torch.float32, seed=0)  # a head size it is not built for
-    assert cuda_kernels.decode_attention(**odd, scale=0.1, splits=1, scratch=scratch) is None
+    assert cuda_kernels.decode_attention(**odd, scale=0.1, items_per_wave=3,
+                                         scratch=scratch) is None
 
 
 def test_decode_attention_blocks_per_sm_in_the_emulator_and_for_heads_it_lacks():
@@ -669,23 +717,26 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     replay our kernel, which stores and attends, in place of store_kv and FlashInfer's decode;
     the tokens stay transformers' greedy. By default every graph is ours (three requests replay
     the graph of 4), and with OWN_DECODE_MAX_BATCH at 4 (this run's largest graph); at 2, only
-    the graphs of 1 and 2. The emulator holds one block at a time, so every launch has more
-    blocks than a wave: the backend orders the requests longest first, which the prompts'
-    different lengths make another order than the batch's (in the graph of 4)."""
+    the graphs of 1 and 2. Each replayed step plans its chunks once, from the graph's
+    positions, for all of its layers."""
     every_graph_ours = own_max is None or own_max >= 4
     monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", own_max)
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
     monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
                         classmethod(lambda cls, *args: None))
-    launches, orders = [], []
-    real = cuda_kernels.decode_attention
+    launches, plans = [], []
+    real_attention, real_plan = cuda_kernels.decode_attention, cuda_kernels.decode_attention_plan
 
     def decode_attention(q, *args):
         launches.append(len(q))
-        orders.append(args[-1].tolist())
-        return real(q, *args)
+        return real_attention(q, *args)
+
+    def decode_attention_plan(positions, *args):
+        plans.append(len(positions))
+        return real_plan(positions, *args)
 
     monkeypatch.setattr(cuda_kernels, "decode_attention", decode_attention)
+    monkeypatch.setattr(cuda_kernels, "decode_attention_plan", decode_attention_plan)
     prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
     llm = LLM(str(models_dir / TINY_QWEN3), attention_backend="flashinfer", cuda_graph="emulate",
               custom_kernels="emulate", max_running_req=4, num_page_override=128,
@@ -703,9 +754,8 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
     # The captured sizes up to the bound; the graph of 4 (three requests, padded) only with 4.
     assert launches and set(launches) <= {1, 2, 4} and (4 in launches) == every_graph_ours
-    assert all(sorted(order) == list(range(len(order))) for order in orders)
-    if every_graph_ours:  # the three requests, in the graph of 4, are ours to order
-        assert any(order != sorted(order) for order in orders)
+    layers = AutoConfig.from_pretrained(models_dir / TINY_QWEN3).num_hidden_layers
+    assert sorted(launches) == sorted(size for size in plans for _ in range(layers))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

@@ -8,8 +8,8 @@ import torch
 
 from conftest import SMOLLM2
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
-from test_cuda_kernels import (TOLERANCE, decode_case, reference_decode_attention,
-                               relative_error)
+from test_cuda_kernels import (TOLERANCE, decode_case, plan_and_attend, plan_items,
+                               reference_decode_attention, relative_error)
 from minisgl.core import SamplingParams
 from minisgl.attention import flashinfer_backend
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
@@ -51,34 +51,43 @@ def test_store_and_gather_are_exact(on_gpu, tokens):
     assert got is not None and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("lengths, splits", [([1], 32), ([511], 32), ([4096], 32),
-                                             ([700, 3, 1, 2048], 8), ([100] * 32, 1)])
-def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, splits):
-    """Qwen3-0.6B's heads (16 query, 8 KV, 128 wide) in bfloat16; output rounded once."""
+@pytest.mark.parametrize("lengths, items_per_wave", [([1], 66), ([511], 66), ([4096], 66),
+                                                     ([700, 3, 1, 2048], 66), ([100] * 32, 1)])
+def test_decode_attention_matches_the_float64_reference(on_gpu, lengths, items_per_wave):
+    """Qwen3-0.6B's heads (16 query, 8 KV, 128 wide) in bfloat16; output rounded once. The
+    plan as the backend makes it on an H200 (66 chunks a wave, at least 64 tokens each): 8
+    chunks for 511 tokens, 64 for 4,096, the four requests 11 + 1 + 1 + 32; one a request for
+    a wave of 1."""
     case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=len(lengths), device="cuda")
     want = reference_decode_attention(case, 128 ** -0.5)
-    scratch = cuda_kernels.decode_attention_scratch(len(lengths), len(lengths) * splits, 16, 8,
-                                                    128, torch.device("cuda"))
     for _ in range(2):  # the counters are left at zero for the next launch
-        out = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=splits,
-                                            scratch=scratch)
+        out, _ = plan_and_attend(case, 128 ** -0.5, items_per_wave,
+                                 cuda_kernels.DECODE_ATTENTION_MIN_CHUNK)
         assert out is not None
         assert (out.cpu().double() - want).abs().max().item() <= 2**-7 * want.abs().max()
     assert torch.equal(case["k_cache"][case["out_loc"]], case["k"])
     assert torch.equal(case["v_cache"][case["out_loc"]], case["v"])
 
 
-def test_decode_attention_longest_first_gives_the_same_output(on_gpu):
-    """More blocks than the SMs hold (300 requests x 8 KV heads, one chunk each), the requests
-    started longest first: every output as in batch order, bit for bit."""
+def test_decode_attention_plan_on_the_gpu_is_the_emulators(on_gpu):
+    """300 requests of 1-2,000 tokens (more than the plan kernel's 256 threads), planned for
+    waves of 264 chunks (two waves: some requests cut in two): the plan the GPU makes is the
+    CPU build's, item for item, and attention by it matches the float64 reference, as does
+    attention by a plan of one chunk a request."""
     gen = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, 600, (300,), generator=gen).tolist()
+    lengths = torch.randint(1, 2000, (300,), generator=gen).tolist()
     case = decode_case(lengths, 16, 8, 128, torch.bfloat16, seed=1, device="cuda")
-    scratch = cuda_kernels.decode_attention_scratch(300, 300, 16, 8, 128, torch.device("cuda"))
-    plain = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=1, scratch=scratch)
-    ordered = cuda_kernels.decode_attention(**case, scale=128 ** -0.5, splits=1, scratch=scratch,
-                                            order=case["positions"].argsort(descending=True))
-    assert plain is not None and ordered is not None and torch.equal(plain, ordered)
+    want = reference_decode_attention(case, 128 ** -0.5)
+    out, scratch = plan_and_attend(case, 128 ** -0.5, 264)
+    whole, _ = plan_and_attend(case, 128 ** -0.5, 1)
+    for got in (out, whole):
+        assert got is not None
+        assert (got.cpu().double() - want).abs().max().item() <= 2**-7 * want.abs().max()
+    cuda_kernels.set_mode("emulate")
+    cpu = cuda_kernels.decode_attention_scratch(300, 264, 16, 8, 128, torch.device("cpu"))
+    assert cuda_kernels.decode_attention_plan(case["positions"].cpu(), 264, cpu, 1)
+    assert plan_items(scratch[2].cpu()) == plan_items(cpu[2])
+    assert {chunks for _, _, chunks, _ in plan_items(cpu[2])} == {1, 2}
 
 
 def test_decode_attention_blocks_per_sm_follow_the_builds_registers():

@@ -16,14 +16,14 @@ K and V bytes the batch must read once.
 FlashInfer's CUDA-graph wrapper (which always splits each request's KV into chunks of at least
 128 tokens, then merges the chunks' partial results in a second kernel), with and without its
 tensor-core path, and chapter 19's own kernel (csrc/decode_attention.cu: a block per KV head
-and chunk, chunks merged by the last one to finish, the new token's K/V store included) at a few
-chunk counts, captured the same way.
+and chunk, chunks merged by the last one to finish, the new token's K/V store included), its
+plan made as the backend makes it (a wave of chunks, or two) with chunks of at least each
+--min-chunk tokens, captured the same way.
 
 --mixed measures contexts of different lengths, the official workload's at the first decode
-step (its prompts: 100-1,024 tokens) and halfway (each request 300 tokens further), as the engine
-replays them at page size 256: FlashInfer's CUDA-graph wrapper planned for those lengths, and
-ours at one chunk a request, its blocks started in batch order and longest request first (the
-backend's order where a launch has more blocks than the SMs hold at once).
+step (its prompts: 100-1,024 tokens) and further on (each request 300 and 600 tokens further),
+as the engine replays them at page size 256: FlashInfer's CUDA-graph wrapper planned for those
+lengths, and ours; and our plan kernel itself (once a step, not a layer).
 """
 
 from __future__ import annotations
@@ -74,10 +74,21 @@ def decode_microseconds(contexts: list[int], page_size: int, tensor_cores: bool,
                              rounds=5, graph=graph)
 
 
-def ours_microseconds(contexts: list[int], page_size: int, splits: int, q_heads: int,
-                      longest_first: bool = False) -> float:
+def items_per_wave(q_heads: int) -> int:
+    """The backend's: the chunks (a block per KV head each) this GPU's SMs hold at once."""
+    from minisgl.kernel import cuda_kernels
+
+    wave = torch.cuda.get_device_properties(0).multi_processor_count * \
+        cuda_kernels.decode_attention_blocks_per_sm(q_heads, KV_HEADS, HEAD_DIM, torch.bfloat16,
+                                                    torch.device("cuda"))
+    return max(1, wave // KV_HEADS)
+
+
+def ours_microseconds(contexts: list[int], page_size: int, q_heads: int,
+                      min_chunk: int) -> tuple[float, float]:
     """Chapter 19's kernel on the same shapes, the pages scattered the same way; it also stores
-    the new token's K and V (a launch of store_kv before FlashInfer's, in the engine)."""
+    the new token's K and V (a launch of store_kv before FlashInfer's, in the engine). Returns
+    the attention's time and the plan's."""
     from minisgl.kernel import cuda_kernels
 
     batch, dtype, device = len(contexts), torch.bfloat16, "cuda"
@@ -90,23 +101,26 @@ def ours_microseconds(contexts: list[int], page_size: int, splits: int, q_heads:
     page_table = (pages[:, :, None] * page_size + offsets).view(batch, -1).int()
     rows = torch.arange(batch, device=device)
     positions = torch.tensor(contexts, device=device) - 1
-    order = positions.argsort(descending=True) if longest_first else None
     out_loc = page_table[rows, positions].long()
     qkv = torch.randn(batch, (q_heads + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
     q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
         [q_heads * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
-    scratch = cuda_kernels.decode_attention_scratch(batch, batch * splits, q_heads, KV_HEADS,
-                                                    HEAD_DIM, device)
-    return best_microseconds(lambda: cuda_kernels.decode_attention(
+    items = items_per_wave(q_heads)
+    scratch = cuda_kernels.decode_attention_scratch(batch, items, q_heads, KV_HEADS, HEAD_DIM,
+                                                    device)
+    plan = best_microseconds(lambda: cuda_kernels.decode_attention_plan(
+        positions, items, scratch, min_chunk), iters=50, rounds=5)
+    attention = best_microseconds(lambda: cuda_kernels.decode_attention(
         q, k, v, k_cache, v_cache, page_table, rows, positions, out_loc, HEAD_DIM ** -0.5,
-        splits, scratch, order), iters=50, rounds=5)
+        items, scratch), iters=50, rounds=5)
+    return attention, plan
 
 
 def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[int],
-                      splits: list[int], q_heads: int) -> None:
+                      min_chunks: list[int], q_heads: int) -> None:
     """Also GB/s (K and V bytes read once) of FlashInfer's CUDA-core kernel and of our best."""
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'CUDA cores µs':>14} "
-          f"{'tensor cores µs':>16}" + "".join(f" {f'ours, {n} splits µs':>19}" for n in splits)
+          f"{'tensor cores µs':>16}" + "".join(f" {f'ours ≥{m} µs':>12}" for m in min_chunks)
           + f" {'GB/s CUDA cores':>16} {'GB/s ours':>10}")
     for page_size in page_sizes:
         for context in contexts:
@@ -114,31 +128,28 @@ def small_batch_table(batches: list[int], contexts: list[int], page_sizes: list[
                 kv = kv_bytes([context] * batch)
                 times = [decode_microseconds([context] * batch, page_size, tensor_cores,
                                              q_heads, graph=True) for tensor_cores in (False, True)]
-                times += [ours_microseconds([context] * batch, page_size, n, q_heads)
-                          for n in splits]
+                times += [ours_microseconds([context] * batch, page_size, q_heads, m)[0]
+                          for m in min_chunks]
                 print(f"{batch:>6} {context:>8} {page_size:>5} {times[0]:>14.1f} "
-                      f"{times[1]:>16.1f}" + "".join(f" {t:>19.1f}" for t in times[2:])
+                      f"{times[1]:>16.1f}" + "".join(f" {t:>12.1f}" for t in times[2:])
                       + f" {kv / times[0] / 1e3:>16.0f}"
                       f" {kv / min(times[2:]) / 1e3:>10.0f}", flush=True)
 
 
-def mixed_table(batches: list[int], q_heads: int) -> None:
-    """The official workload's contexts: FlashInfer's graph wrapper, ours in batch order and
-    longest first (one chunk a request), page size 256."""
+def mixed_table(batches: list[int], min_chunk: int, q_heads: int) -> None:
+    """The official workload's contexts: FlashInfer's graph wrapper and ours, page size 256;
+    GB/s of each, and our plan's time."""
     prompts = [len(p) for p in official_workload()[0]]
-    print(f"{'batch':>6} {'step':>9} {'tokens':>8} {'FlashInfer µs':>14} {'ours µs':>8} "
-          f"{'longest first µs':>17} {'GB/s FlashInfer':>16} {'GB/s ours':>10} "
-          f"{'GB/s longest first':>19}")
+    print(f"{'batch':>6} {'step':>5} {'tokens':>7} {'FlashInfer µs':>14} {'ours µs':>8}"
+          f" {'plan µs':>8} {'GB/s FlashInfer':>16} {'GB/s ours':>10}")
     for batch in batches:
-        for step, extra in (("first", 0), ("+300", 300)):
+        for step, extra in (("first", 0), ("+300", 300), ("+600", 600)):
             contexts = [n + extra for n in prompts[:batch]]
-            times = [decode_microseconds(contexts, 256, False, q_heads, graph=True),
-                     ours_microseconds(contexts, 256, 1, q_heads),
-                     ours_microseconds(contexts, 256, 1, q_heads, longest_first=True)]
+            flashinfer = decode_microseconds(contexts, 256, False, q_heads, graph=True)
+            ours, plan = ours_microseconds(contexts, 256, q_heads, min_chunk)
             kv = kv_bytes(contexts)
-            print(f"{batch:>6} {step:>9} {sum(contexts):>8} "
-                  + " ".join(f"{t:>{w}.1f}" for t, w in zip(times, (14, 8, 17)))
-                  + " " + " ".join(f"{kv / t / 1e3:>{w}.0f}" for t, w in zip(times, (16, 10, 19))),
+            print(f"{batch:>6} {step:>5} {sum(contexts):>7} {flashinfer:>14.1f} {ours:>8.1f}"
+                  f" {plan:>8.1f} {kv / flashinfer / 1e3:>16.0f} {kv / ours / 1e3:>10.0f}",
                   flush=True)
 
 
@@ -149,8 +160,9 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--graph", action="store_true",
                         help="as the engine replays decode: the CUDA-graph wrapper, in a graph")
-    parser.add_argument("--splits", type=int, nargs="+", default=[8, 16, 32, 64],
-                        help="with --graph: chunks our kernel cuts a request's context into")
+    parser.add_argument("--min-chunk", type=int, nargs="+", default=[64],
+                        help="our kernel's plan: tokens a chunk holds at least (--mixed: the "
+                        "first)")
     parser.add_argument("--mixed", action="store_true",
                         help="the official workload's different context lengths (see above)")
     parser.add_argument("--query-heads", type=int, default=16,
@@ -160,10 +172,10 @@ def main() -> None:
           f"attention, {args.query_heads} query heads, {KV_HEADS} KV heads, head_dim {HEAD_DIM}, "
           "bf16")
     if args.mixed:
-        mixed_table(args.batch, args.query_heads)
+        mixed_table(args.batch, args.min_chunk[0], args.query_heads)
         return
     if args.graph:
-        small_batch_table(args.batch, args.context, args.page_size, args.splits,
+        small_batch_table(args.batch, args.context, args.page_size, args.min_chunk,
                           args.query_heads)
         return
     print(f"{'batch':>6} {'context':>8} {'page':>5} {'KV MB':>7} {'CUDA cores µs':>14} "

@@ -48,15 +48,11 @@ class FlashInferMetadata:
 
 @dataclass
 class OwnDecodeMetadata:
-    """A captured decode step of a few requests, run by our kernel: no plan, no page indices.
-    The kernel reads each request's slots from the page table itself, in the rows of the graph
-    runner's static buffer (prepare_in_graph)."""
+    """A captured decode step run by our kernel: no plan on the host, no page indices. The
+    kernel reads each request's slots from the page table itself, in the rows of the graph
+    runner's static buffer, and its chunks from the plan the step makes on the device
+    (prepare_in_graph)."""
     last_indices: torch.Tensor
-    splits: int  # chunks per request
-    # The order the requests' blocks start in, longest first (the backend's static buffer,
-    # filled before each replay), where the launch has more blocks than the SMs hold at once;
-    # None: in batch order.
-    order: torch.Tensor | None
 
 
 class FlashInferBackend(BaseAttentionBackend):
@@ -188,25 +184,19 @@ class FlashInferBackend(BaseAttentionBackend):
                 and self.head_dim in cuda_kernels.DECODE_ATTENTION_HEAD_DIMS
                 and self.num_qo_heads // self.num_kv_heads
                 <= cuda_kernels.DECODE_ATTENTION_MAX_GROUP):
-            # Ours cuts each request's context into chunks, a block of 128 threads per chunk
-            # and KV head: as many as the SMs hold at once (one wave; the kernel makes a chunk
-            # at least one pass of its threads, so a short context takes fewer). A launch with
-            # more blocks than that runs its last ones almost alone: at batch 32 on an H200,
-            # 3 chunks (768 blocks, 528 resident) took 47.5 us where 2 took 38.3
-            # (book/runs/ch19_decode_attention_s17.h200.txt).
+            # Ours cuts the step's contexts into chunks, a block of 128 threads per chunk and
+            # KV head, as many as the SMs hold at once (a wave), or two waves where the
+            # contexts differ a lot (the plan, decode_attention.cu).
             sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
-            self.wave = sm_count * cuda_kernels.decode_attention_blocks_per_sm(
+            wave = sm_count * cuda_kernels.decode_attention_blocks_per_sm(
                 self.num_qo_heads, self.num_kv_heads, self.head_dim, keys.dtype, self.device)
-            # Room for the largest captured size and for the one with the most chunks in all,
-            # which need not be the same.
+            self.own_decode_items = max(1, wave // self.num_kv_heads)  # chunks a wave
             largest = (max_batch_size if OWN_DECODE_MAX_BATCH is None
                        else min(max_batch_size, OWN_DECODE_MAX_BATCH))
-            chunks = max((n * self._splits(n) for n in range(1, largest + 1)), default=0)
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(
-                largest, chunks, self.num_qo_heads, self.num_kv_heads, self.head_dim,
-                self.device)
-            self.own_decode_order = torch.arange(largest, device=self.device)
+                largest, self.own_decode_items, self.num_qo_heads, self.num_kv_heads,
+                self.head_dim, self.device)
         self.graph_wrappers: dict[int, Any] = {}
         if self._own_decode(max_batch_size):
             return  # our kernel takes every captured size: none of FlashInfer's graph state
@@ -231,22 +221,11 @@ class FlashInferBackend(BaseAttentionBackend):
         return self.own_decode_scratch is not None and (OWN_DECODE_MAX_BATCH is None
                                                         or batch_size <= OWN_DECODE_MAX_BATCH)
 
-    def _ordered(self, batch_size: int) -> bool:
-        """Whether a graph of this size starts its longest requests first: more blocks than
-        the SMs hold at once, so the last ones to start run while the rest of the GPU idles."""
-        return self._splits(batch_size) * batch_size * self.num_kv_heads > self.wave
-
-    def _splits(self, batch_size: int) -> int:
-        return max(1, min(cuda_kernels.DECODE_ATTENTION_MAX_SPLITS,
-                          self.wave // (batch_size * self.num_kv_heads)))
-
     def capture_metadata(self, batch_size: int) -> FlashInferMetadata | OwnDecodeMetadata:
         import flashinfer
 
         if self._own_decode(batch_size):
-            order = self.own_decode_order[:batch_size] if self._ordered(batch_size) else None
-            return OwnDecodeMetadata(torch.arange(batch_size, device=self.device),
-                                     self._splits(batch_size), order)
+            return OwnDecodeMetadata(torch.arange(batch_size, device=self.device))
 
         wrapper = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
             self.graph_workspace, self.graph_indptr[: batch_size + 1], self.graph_indices,
@@ -257,16 +236,7 @@ class FlashInferBackend(BaseAttentionBackend):
 
     def prepare_replay(self, batch: Batch, padded_size: int) -> None:
         if self._own_decode(padded_size):
-            # Nothing to plan: the kernel reads the static rows and positions. Where the launch
-            # is more than a wave, the order of its blocks: longest requests first, the padding
-            # rows (one key each) last. A list sort on the host, copied before the replay.
-            if self._ordered(padded_size):
-                lengths = [r.device_len for r in batch.reqs]
-                order = sorted(range(batch.size), key=lengths.__getitem__, reverse=True)
-                order += range(batch.size, padded_size)
-                self.own_decode_order[:padded_size].copy_(
-                    pin(torch.tensor(order), self.device), non_blocking=True)
-            return
+            return  # nothing on the host: the graph plans from the static positions itself
         pad = padded_size - batch.size  # padding rows: the dummy row, one key
         self.last_plan.synchronize()
         self._plan_replay(self.graph_wrappers[padded_size],
@@ -288,12 +258,16 @@ class FlashInferBackend(BaseAttentionBackend):
         position p attends to p + 1 keys, in p // page_size + 1 pages; entry j of the indices
         belongs to the request whose pages end first after j. Entries past the last page are
         filled too (static shapes) and never read. So a replay costs the host a few Python
-        ints per request, one small host tensor, and the plan. Our kernel needs only the rows:
-        it reads them where the runner copies them before each replay, outside the graph, so
-        it may read them before it waits for the kernels before it (PDL, decode_attention.cu).
-        The step recorded next reads them from here."""
+        ints per request, one small host tensor, and the plan. Our kernel needs the rows, which
+        it reads where the runner copies them before each replay, outside the graph, and its
+        plan, made here from the positions by one small kernel for all the layers: it may
+        read both before it waits for the kernels before it (PDL, decode_attention.cu). The
+        step recorded next reads them from here."""
         if self._own_decode(len(rows)):
             self.own_decode_rows = rows
+            if not cuda_kernels.decode_attention_plan(positions, self.own_decode_items,
+                                                      self.own_decode_scratch):  # type: ignore
+                raise RuntimeError("decode_attention_plan declined the positions of a step")
             return
         size, per_row, n = self.page_size, self.pages_per_row, len(rows)
         pages = positions // size + 1
@@ -310,8 +284,8 @@ class FlashInferBackend(BaseAttentionBackend):
             out = cuda_kernels.decode_attention(
                 q, k, v, self.pool.k_cache(layer_id), self.pool.v_cache(layer_id),
                 self.page_table, self.own_decode_rows, batch.positions, batch.out_loc,
-                self.sm_scale, meta.splits, self.own_decode_scratch,  # type: ignore[arg-type]
-                meta.order)
+                self.sm_scale, self.own_decode_items,
+                self.own_decode_scratch)  # type: ignore[arg-type]
             if out is None:
                 raise RuntimeError("decode_attention declined the tensors of a captured step")
             return out

@@ -34,7 +34,8 @@ _SIGNATURES = {
                                                                               c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
-    + [c_void_p] * 4 + [c_int64] * 5 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
+    + [c_void_p] * 4 + [c_int64] * 4 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
+    "minisgl_decode_attention_plan": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p],
     "minisgl_decode_attention_blocks_per_sm": [c_int64] * 3 + [c_int],
 }
 
@@ -216,7 +217,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Te
 
 DECODE_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)  # 4 to 32 threads, 8 values each, per token
 DECODE_ATTENTION_MAX_GROUP = 4  # query heads per KV head: the merge gives each a warp
-DECODE_ATTENTION_MAX_SPLITS = 64  # the merge's lanes hold two chunks each
+DECODE_ATTENTION_MAX_SPLITS = 64  # chunks a request: the merge's lanes hold two each
+# Tokens a chunk holds at least: at batch 1 on an H200, 1,024 tokens in 16 chunks took 5.6 us,
+# in 32 or 64 chunks 6.6-6.8 (book/runs/ch19_decode_attention_s17.h200.txt): shorter chunks
+# read less each than their merge costs.
+DECODE_ATTENTION_MIN_CHUNK = 64
+_PLAN_HEADER = 4  # int32 before the plan's items (its count, padding to 16 bytes)
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -238,33 +244,60 @@ def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
     return blocks
 
 
-def decode_attention_scratch(num_reqs: int, chunks: int, q_heads: int, kv_heads: int,
-                             head_dim: int,
-                             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_attention_max_items(num_reqs: int, items_per_wave: int) -> int:
+    """The most chunks (items) a plan of num_reqs requests makes: two waves' worth, or one a
+    request where there are more requests, and no request more than
+    DECODE_ATTENTION_MAX_SPLITS."""
+    return min(max(num_reqs, 2 * items_per_wave), DECODE_ATTENTION_MAX_SPLITS * num_reqs)
+
+
+def decode_attention_scratch(num_reqs: int, items_per_wave: int, q_heads: int, kv_heads: int,
+                             head_dim: int, device: torch.device
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What decode_attention needs besides its operands, allocated once by its caller, for
-    launches of up to num_reqs requests and `chunks` chunks in all (n requests cut into s
-    chunks each take n * s): room for every chunk's partial result (per query head), laid out
-    chunk after chunk, and one counter per (request, KV head), zero."""
-    partials = chunks * q_heads
-    return (torch.empty(partials * (head_dim + 2), dtype=torch.float32, device=device),
-            torch.zeros(num_reqs * kv_heads, dtype=torch.int32, device=device))
+    steps of up to num_reqs requests planned for `items_per_wave`: room for every chunk's
+    partial result (per query head), one counter per (request, KV head), zero, and the plan."""
+    items = decode_attention_max_items(num_reqs, items_per_wave)
+    return (torch.empty(items * q_heads * (head_dim + 2), dtype=torch.float32, device=device),
+            torch.zeros(num_reqs * kv_heads, dtype=torch.int32, device=device),
+            torch.zeros(_PLAN_HEADER + 4 * items, dtype=torch.int32, device=device))
+
+
+def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
+                          scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          min_chunk: int = DECODE_ATTENTION_MIN_CHUNK) -> bool:
+    """Plan a step of decode attention for requests whose new tokens are at `positions`: cut
+    each context (positions + 1 tokens) into chunks of at least min_chunk tokens that fill one
+    wave of items_per_wave chunks (two where the contexts differ a lot), longest request first,
+    into the scratch's plan (decode_attention.cu says how). On the device, so a graph replays
+    it as captured. False (nothing done) when the kernel does not take these tensors."""
+    n, plan = len(positions), scratch[2]
+    if not (positions.dtype == torch.int64 and positions.dim() == 1 and n > 0
+            and positions.is_contiguous() and items_per_wave >= 1 and min_chunk >= 1
+            and plan.dtype == torch.int32 and plan.device == positions.device
+            and plan.numel() >= _PLAN_HEADER + 4 * decode_attention_max_items(n,
+                                                                             items_per_wave)):
+        return False
+    code = _library("decode_attention", positions.device).minisgl_decode_attention_plan(
+        plan.data_ptr(), positions.data_ptr(), n, items_per_wave, min_chunk, _stream(positions))
+    _check(code, "decode_attention_plan")
+    return True
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor,
-                     positions: torch.Tensor, out_loc: torch.Tensor, scale: float, splits: int,
-                     scratch: tuple[torch.Tensor, torch.Tensor],
-                     order: torch.Tensor | None = None) -> torch.Tensor | None:
+                     positions: torch.Tensor, out_loc: torch.Tensor, scale: float,
+                     items_per_wave: int,
+                     scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                     ) -> torch.Tensor | None:
     """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
     [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
-    page_table[rows]), each request's context cut into at most `splits` chunks (a chunk is at
-    least one pass of the kernel's threads). `order`, a permutation of the requests, is the
-    order their blocks start in (longest first: no long block left to run alone at the end);
-    the kernel trusts it to be one. None (nothing done) when the kernel does not take these
-    tensors."""
+    page_table[rows]), chunk by chunk as the scratch's plan says: decode_attention_plan's for
+    these positions and items_per_wave, which the kernel trusts. None (nothing done) when the
+    kernel does not take these tensors."""
     n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
-    partial, finished = scratch
-    indices = (rows, positions, out_loc) if order is None else (rows, positions, out_loc, order)
+    partial, finished, plan = scratch
+    items = decode_attention_max_items(n, items_per_wave)
     if not (q.dtype in _DTYPES and q.dtype == k.dtype == v.dtype == k_cache.dtype
             == v_cache.dtype and head_dim in DECODE_ATTENTION_HEAD_DIMS and n > 0
             and k.dim() == v.dim() == 3 and k.shape == v.shape and k.stride() == v.stride()
@@ -274,20 +307,21 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             and _rows(q) and _rows(k) and k_cache.shape[1:] == v_cache.shape[1:] == k.shape[1:]
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and page_table.dtype == torch.int32 and page_table.dim() == 2
-            and page_table.is_contiguous() and 1 <= splits <= DECODE_ATTENTION_MAX_SPLITS
+            and page_table.is_contiguous() and items_per_wave >= 1
             and all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous()
-                    and t.device == q.device for t in indices)
+                    and t.device == q.device for t in (rows, positions, out_loc))
             and partial.dtype == torch.float32 and finished.dtype == torch.int32
-            and partial.numel() >= n * q_heads * splits * (head_dim + 2)
+            and plan.dtype == torch.int32 and plan.numel() >= _PLAN_HEADER + 4 * items
+            and items < 1 << 16  # the grid's second dimension
+            and partial.numel() >= items * q_heads * (head_dim + 2)
             and finished.numel() >= n * k.shape[1]):
         return None
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     code = _library("decode_attention", q.device).minisgl_decode_attention(
         out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), q.stride(0), k.stride(0),
         k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(), page_table.shape[1],
-        rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(),
-        order.data_ptr() if order is not None else None, n, q_heads, k.shape[1],
-        head_dim, splits, scale, partial.data_ptr(), finished.data_ptr(), _DTYPES[q.dtype],
-        _stream(q))
+        rows.data_ptr(), positions.data_ptr(), out_loc.data_ptr(), plan.data_ptr(), items,
+        q_heads, k.shape[1], head_dim, scale, partial.data_ptr(), finished.data_ptr(),
+        _DTYPES[q.dtype], _stream(q))
     _check(code, "decode_attention")
     return out

@@ -17,7 +17,10 @@
 //    kernel of it, so most of the memory time overlaps the q/k norm + RoPE kernel before us;
 //  - the chunks' partial results are merged by the last block of each (request, KV head) to
 //    finish (a counter says which), not by a second kernel; a context that fits one chunk writes
-//    its output directly.
+//    its output directly;
+//  - how the contexts are cut is decided once a step, on the GPU, by a one-block plan kernel
+//    (below): chunks of about the same size, longest request first, so that requests of very
+//    different lengths keep every SM reading until the end of the launch.
 //
 // Keys are found through the page table (page_table[row, i] is the pool slot of token i), so the
 // kernel needs no per-batch plan and a graph replays it as captured. The new token (the last one,
@@ -97,18 +100,132 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
   }
 }
 
-// Block (chunk blockIdx.x, KV head blockIdx.y, request order[blockIdx.z], or blockIdx.z without
-// an order). Each request's context is cut into chunks of a whole number of passes, at most
-// gridDim.x of them; blocks past the last chunk have nothing to do. The GPU starts blocks about
-// in the order of their index, so when a launch has more blocks than the SMs hold at once, an
-// order that puts the longest requests first leaves short blocks for the end, where a long one
-// would run almost alone.
+// The plan: how a step's contexts are cut into chunks (items), one block per item and KV head.
+//
+// A block's time is its chunk's length, and a launch lasts as long as its busiest SM. Cutting
+// every request into the same number of chunks leaves a step with contexts of 100 and 2,000
+// tokens waiting for the long ones while most SMs idle: at batch 64 of the official workload's
+// contexts the launch read 2.4-3.0 TB/s where uniform contexts read 3.9-4.1. Cutting finer
+// than needed costs too: a block spends microseconds starting (a chain of dependent loads
+// before its first key) and merging, so at batch 8-32 of uniform contexts one wave of chunks
+// beat two of half the size by 10-30% (ch19_decode_attention_s17).
+//
+// So the plan tries chunk sizes S_k = longest context / k, k = 1..kMaxSplits, and takes:
+//  - the smallest whose chunks, ceil(len_r / S) a request, fit one wave (items_per_wave, what
+//    the SMs hold at once divided by the KV heads): every chunk starts at once and the
+//    longest decides. k = 1 when the requests alone fill more than a wave (no split then);
+//  - unless that wave would idle more than a quarter of its time (contexts of very different
+//    lengths: the tokens per item slot under 3/4 of S): then the smallest that fits two
+//    waves, where the GPU starts the second wave's blocks as the first ones end.
+// Chunks hold at least min_chunk tokens. The items are laid out longest request first (ties in
+// batch order), each request's chunks together: the GPU starts blocks about in the order of
+// their index, so the short ones fill the gaps at the end, where a long one would run almost
+// alone.
+//
+// plan[0] is the number of items; item i is plan[kItemsAt + 4 i ...]: request, chunk, the
+// request's chunk count, and its first item (its partial results lie item after item). A
+// request's first item is the sum of the chunk counts of the requests before it: every thread
+// adds that up for its requests over all the others, a tile of lengths and counts at a time in
+// shared memory, with no division in that loop (O(n^2 / kPlanThreads) additions).
+constexpr int kPlanThreads = 4 * kMaxSplits;  // 4 threads count each candidate size
+constexpr int kItemsAt = 4;                   // plan[0] the count, then 16-byte aligned items
+
+HOST_DEVICE inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+HOST_DEVICE inline int64_t at_least(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
+    int32_t* __restrict__ plan, const int64_t* __restrict__ positions, int64_t num_reqs,
+    int64_t items_per_wave, int64_t min_chunk) {
+  // One block a step: nothing to gain from letting the next kernel start early.
+  wait_for_previous_kernel();  // positions: copied in before the step
+  const int tid = threadIdx.x;
+
+  // The context total and the longest one.
+  __shared__ int64_t part_total[kPlanThreads], part_longest[kPlanThreads];
+  int64_t total = 0, longest = 0;
+  for (int64_t r = tid; r < num_reqs; r += kPlanThreads) {
+    total += positions[r] + 1;
+    longest = at_least(longest, positions[r] + 1);
+  }
+  part_total[tid] = total;
+  part_longest[tid] = longest;
+  __syncthreads();
+  for (int half = kPlanThreads / 2; half > 0; half /= 2) {
+    if (tid < half) {
+      part_total[tid] += part_total[tid + half];
+      part_longest[tid] = at_least(part_longest[tid], part_longest[tid + half]);
+    }
+    __syncthreads();
+  }
+  total = part_total[0];
+  longest = part_longest[0];
+
+  // Chunks at each candidate size: thread t counts S_k, k = t % kMaxSplits + 1, over every
+  // fourth request; then the four partial counts are added.
+  __shared__ int64_t partial_items[kPlanThreads], size_items[kMaxSplits];
+  {
+    const int64_t k = tid % kMaxSplits + 1, size = at_least(min_chunk, ceil_div(longest, k));
+    int64_t items = 0;
+    for (int64_t r = tid / kMaxSplits; r < num_reqs; r += kPlanThreads / kMaxSplits)
+      items += ceil_div(positions[r] + 1, size);
+    partial_items[tid] = items;
+  }
+  __syncthreads();
+  if (tid < kMaxSplits)
+    size_items[tid] = partial_items[tid] + partial_items[tid + kMaxSplits] +
+                      partial_items[tid + 2 * kMaxSplits] + partial_items[tid + 3 * kMaxSplits];
+  __syncthreads();
+  __shared__ int64_t chosen_size;
+  if (tid == 0) {
+    int64_t k = 1;  // the finest cut that fits: counts grow with k
+    while (k < kMaxSplits && size_items[k] <= items_per_wave) ++k;
+    if (4 * total < 3 * items_per_wave * at_least(min_chunk, ceil_div(longest, k)))
+      while (k < kMaxSplits && size_items[k] <= 2 * items_per_wave) ++k;
+    chosen_size = at_least(min_chunk, ceil_div(longest, k));
+  }
+  __syncthreads();
+  const int64_t size = chosen_size;
+
+  // Each request's place: after every longer one (and every as long one earlier in the batch).
+  __shared__ int64_t tile_length[kPlanThreads], tile_chunks[kPlanThreads];
+  for (int64_t mine0 = 0; mine0 < num_reqs; mine0 += kPlanThreads) {  // the same for the block
+    const int64_t r = mine0 + tid;
+    const int64_t length = r < num_reqs ? positions[r] + 1 : 0;
+    int64_t before = 0, first = 0;  // requests placed before r, and their chunks
+    for (int64_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
+      __syncthreads();  // the previous tile is read
+      const int64_t other = tile0 + tid < num_reqs ? positions[tile0 + tid] + 1 : 0;
+      tile_length[tid] = other;
+      tile_chunks[tid] = ceil_div(other, size);
+      __syncthreads();
+      const int64_t in_tile = num_reqs - tile0 < kPlanThreads ? num_reqs - tile0 : kPlanThreads;
+      for (int64_t j = 0; j < in_tile; ++j) {
+        const bool earlier = tile_length[j] > length || (tile_length[j] == length && tile0 + j < r);
+        before += earlier;
+        first += earlier ? tile_chunks[j] : 0;
+      }
+    }
+    if (r >= num_reqs) continue;
+    const int64_t chunks = ceil_div(length, size);
+    for (int64_t c = 0; c < chunks; ++c) {
+      int32_t* item = plan + kItemsAt + 4 * (first + c);
+      item[0] = static_cast<int32_t>(r);
+      item[1] = static_cast<int32_t>(c);
+      item[2] = static_cast<int32_t>(chunks);
+      item[3] = static_cast<int32_t>(first);
+    }
+    if (before == num_reqs - 1) plan[0] = static_cast<int32_t>(first + chunks);  // the last
+  }
+}
+
+// Block (KV head blockIdx.x, item blockIdx.y of the plan); blocks past the plan's items have
+// nothing to do (the grid is sized for the most items a plan can make).
 //
 // Blocks an SM must hold: 4 for bfloat16 with 1-2 query heads a KV head (Qwen3-0.6B's 2), which
-// caps the registers at 128 a thread. Left to itself nvcc 13.0 gives that build 155 since the
-// request comes from `order` (128 when it was blockIdx.z): an SM held 3 blocks. The others keep
-// what they need without spilling (bfloat16 groups 3-4: about 160 and 210, 3 and 2 blocks;
-// float32: more); 0 sets no minimum.
+// caps the registers at 128 a thread. Left to itself nvcc 13.0 gives that build 157 since the
+// request and its chunk come from the plan (128 when they were block indices), and an SM would
+// hold 3 blocks; held to 128 it spills nothing. The others keep what they need without spilling
+// (bfloat16 groups 3-4: about 160 and 210, 3 and 2 blocks; float32: more); 0 sets no minimum.
 template <typename T, int kGroup>
 constexpr int kMinBlocks = sizeof(T) == 2 && kGroup <= 2 ? 4 : 0;
 
@@ -118,22 +235,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
     const T* __restrict__ v_new, int64_t q_stride, int64_t kv_stride, T* __restrict__ k_cache,
     T* __restrict__ v_cache, const int32_t* __restrict__ page_table, int64_t table_width,
     const int64_t* __restrict__ rows, const int64_t* __restrict__ positions,
-    const int64_t* __restrict__ out_loc, const int64_t* __restrict__ order, int64_t q_heads,
+    const int64_t* __restrict__ out_loc, const int32_t* __restrict__ plan, int64_t q_heads,
     int64_t kv_heads, float scale, float* __restrict__ partial_out, float* __restrict__ partial_max,
     float* __restrict__ partial_sum, int32_t* __restrict__ finished) {
   constexpr int kLanes = kHeadDim / kPer;     // threads per token
   constexpr int kSlots = kThreads / kLanes;   // tokens the block holds at once
   constexpr int kPass = kSlots * kTile;       // tokens per pass
   const int tid = threadIdx.x, lane = tid % kLanes, slot = tid / kLanes;
-  const int64_t chunk = blockIdx.x, kv_head = blockIdx.y, splits = gridDim.x;
+  const int64_t kv_head = blockIdx.x, item_index = blockIdx.y;
 
-  // Before the wait: only what was written before this step (see the top of the file).
-  const int64_t req = order != nullptr ? order[blockIdx.z] : blockIdx.z;
+  // Before the wait: only what was written before this step's layers (see the top of the
+  // file; the plan kernel ran before the first of them).
+  if (item_index >= plan[0]) return;
+  const int32_t* item = plan + kItemsAt + 4 * item_index;
+  const int64_t req = item[0], chunk = item[1], chunks = item[2], first_item = item[3];
   const int64_t position = positions[req], length = position + 1;
-  const int64_t wanted = (length + splits - 1) / splits;
-  const int64_t per_chunk = (wanted + kPass - 1) / kPass * kPass;
-  const int64_t chunks = (length + per_chunk - 1) / per_chunk;
-  if (chunk >= chunks) return;
+  const int64_t per_chunk = ceil_div(length, chunks);  // no chunk is empty: see the plan
   const int64_t begin = chunk * per_chunk;
   const int64_t end = begin + per_chunk < length ? begin + per_chunk : length;
   const Tokens at{page_table + rows[req] * table_width, end < position ? end : position,
@@ -260,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
       out[(head0 + g) * kHeadDim + d] = from_float<T>(value / sum);
       continue;
     }
-    const int64_t mine = (head0 + g) * splits + chunk;
+    const int64_t mine = item_index * q_heads + kv_head * kGroup + g;
     partial_out[mine * kHeadDim + d] = value;
     if (d == 0) {
       partial_max[mine] = chunk_max;
@@ -286,7 +403,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
   __shared__ float chunk_weight[kMaxGroup][kMaxSplits], total[kMaxGroup];
   float maxima[2], sums[2], overall_max = -INFINITY, weighted = 0.0f;
   for (int c = 0; c < 2; ++c) {
-    const int64_t s = wlane + c * kWarpSize, partial = (head0 + warp) * splits + s;
+    const int64_t s = wlane + c * kWarpSize;
+    const int64_t partial = (first_item + s) * q_heads + kv_head * kGroup + warp;
     const bool real = warp < kGroup && s < chunks;
     maxima[c] = real ? __ldcg(partial_max + partial) : -INFINITY;
     sums[c] = real ? __ldcg(partial_sum + partial) : 0.0f;
@@ -306,12 +424,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<T, kGroup>) decode_attent
   constexpr int kBatch = 8;  // chunks whose partials a thread reads at once: latencies overlap
   for (int e = tid; e < kGroup * kHeadDim; e += kThreads) {
     const int g = e / kHeadDim, d = e % kHeadDim;
-    const float* column = partial_out + (head0 + g) * splits * kHeadDim + d;
+    // Chunk s of this head: partial (first_item + s) * q_heads + head, q_heads apart.
+    const float* column = partial_out + (first_item * q_heads + kv_head * kGroup + g) * kHeadDim
+                          + d;
     float merged = 0.0f;
     for (int64_t first = 0; first < chunks; first += kBatch) {  // chunk_weight is 0 past chunks
       float part[kBatch];
       for (int u = 0; u < kBatch; ++u)
-        part[u] = first + u < chunks ? __ldcg(column + (first + u) * kHeadDim) : 0.0f;
+        part[u] = first + u < chunks ? __ldcg(column + (first + u) * q_heads * kHeadDim) : 0.0f;
       for (int u = 0; u < kBatch; ++u) merged += chunk_weight[g][first + u] * part[u];
     }
     out[(head0 + g) * kHeadDim + d] = from_float<T>(merged / total[g]);
@@ -344,18 +464,17 @@ static void launch_decode_attention(void* out, const void* q, const void* k_new,
                                     void* k_cache, void* v_cache, const int32_t* page_table,
                                     int64_t table_width, const int64_t* rows,
                                     const int64_t* positions, const int64_t* out_loc,
-                                    const int64_t* order, int64_t num_reqs, int64_t q_heads,
-                                    int64_t kv_heads, int64_t head_dim, int64_t splits,
-                                    float scale, float* scratch, int32_t* finished,
-                                    void* stream) {
-  const int64_t partials = num_reqs * q_heads * splits;
+                                    const int32_t* plan, int64_t max_items, int64_t q_heads,
+                                    int64_t kv_heads, int64_t head_dim, float scale,
+                                    float* scratch, int32_t* finished, void* stream) {
+  const int64_t partials = max_items * q_heads;
   float *partial_out = scratch, *partial_max = scratch + partials * head_dim,
         *partial_sum = partial_max + partials;
   const auto kernel = build_for<T>(head_dim, q_heads / kv_heads);
-  LAUNCH(kernel, dim3(splits, kv_heads, num_reqs), dim3(kThreads), stream, static_cast<T*>(out),
+  LAUNCH(kernel, dim3(kv_heads, max_items), dim3(kThreads), stream, static_cast<T*>(out),
          static_cast<const T*>(q), static_cast<const T*>(k_new), static_cast<const T*>(v_new),
          q_stride, kv_stride, static_cast<T*>(k_cache), static_cast<T*>(v_cache), page_table,
-         table_width, rows, positions, out_loc, order, q_heads, kv_heads, scale, partial_out,
+         table_width, rows, positions, out_loc, plan, q_heads, kv_heads, scale, partial_out,
          partial_max, partial_sum, finished);
 }
 
@@ -384,32 +503,47 @@ extern "C" int minisgl_decode_attention_blocks_per_sm(int64_t q_heads, int64_t k
 #endif
 }
 
+// The plan of a step (see the plan kernel): plan holds kItemsAt + 4 * (the most items it can
+// make) int32; positions, num_reqs of them; items_per_wave and min_chunk at least 1. The most
+// items: two waves' worth, or one a request where there are more requests. Returns a CUDA
+// error code (0: none); -1 for arguments out of range.
+extern "C" int minisgl_decode_attention_plan(int32_t* plan, const int64_t* positions,
+                                             int64_t num_reqs, int64_t items_per_wave,
+                                             int64_t min_chunk, void* stream) {
+  if (num_reqs < 1 || items_per_wave < 1 || min_chunk < 1) return -1;
+  LAUNCH(decode_attention_plan_kernel, dim3(1), dim3(kPlanThreads), stream, plan, positions,
+         num_reqs, items_per_wave, min_chunk);
+#ifdef __CUDACC__
+  return static_cast<int>(cudaGetLastError());
+#else
+  return 0;
+#endif
+}
+
 // out [reqs, q_heads, head_dim]; q rows q_stride elements apart, k_new / v_new rows kv_stride
 // apart (views into the fused qkv projection); caches [slots, kv_heads, head_dim]; every head
-// vector 16-byte aligned; order, a permutation of the requests (the order their blocks start
-// in), or null for 0, 1, ...; scratch holds reqs * q_heads * splits * (head_dim + 2) floats;
-// finished, reqs * kv_heads counters, all zero (each launch leaves them so). dtype: 0 float32,
+// vector 16-byte aligned; plan, this step's (made from these positions), with at most
+// max_items items; scratch holds max_items * q_heads * (head_dim + 2) floats; finished,
+// reqs * kv_heads counters, all zero (each launch leaves them so). dtype: 0 float32,
 // 1 bfloat16. Returns a CUDA error code (0: none); -1 for a head size the kernel is not compiled
-// for (32, 64, 128, 256), more than kMaxGroup query heads per KV head or more than kMaxSplits
-// chunks.
+// for (32, 64, 128, 256) or more than kMaxGroup query heads per KV head.
 extern "C" int minisgl_decode_attention(
     void* out, const void* q, const void* k_new, const void* v_new, int64_t q_stride,
     int64_t kv_stride, void* k_cache, void* v_cache, const int32_t* page_table,
     int64_t table_width, const int64_t* rows, const int64_t* positions, const int64_t* out_loc,
-    const int64_t* order, int64_t num_reqs, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-    int64_t splits, float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
+    const int32_t* plan, int64_t max_items, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+    float scale, float* scratch, int32_t* finished, int dtype, void* stream) {
   if (!supported(q_heads, kv_heads, head_dim)) return -1;
-  if (splits < 1 || splits > kMaxSplits) return -1;
-  if (num_reqs == 0) return 0;
+  if (max_items < 1) return -1;
   if (dtype == 0)
     launch_decode_attention<float>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
-                                   page_table, table_width, rows, positions, out_loc, order,
-                                   num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                   page_table, table_width, rows, positions, out_loc, plan,
+                                   max_items, q_heads, kv_heads, head_dim, scale, scratch,
                                    finished, stream);
   else
     launch_decode_attention<bf16>(out, q, k_new, v_new, q_stride, kv_stride, k_cache, v_cache,
-                                  page_table, table_width, rows, positions, out_loc, order,
-                                  num_reqs, q_heads, kv_heads, head_dim, splits, scale, scratch,
+                                  page_table, table_width, rows, positions, out_loc, plan,
+                                  max_items, q_heads, kv_heads, head_dim, scale, scratch,
                                   finished, stream);
 #ifdef __CUDACC__
   return static_cast<int>(cudaGetLastError());
