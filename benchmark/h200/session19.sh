@@ -24,9 +24,10 @@
 # The second call of kernels (a fresh machine) measured this plan.
 #   workload  the same warm machine, no carry: the official workload three rounds each, this
 #             tree and the tree before; tp_decode.py at batch 1, both trees.
+#   finish    the same warm machine, no carry: the roofline, this tree.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session19.sh kernels|workload}
+part=${1:?usage: session19.sh kernels|workload|finish}
 source benchmark/h200/setup.sh
 R=$OUT/s19-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -65,4 +66,8 @@ workload)
     timeout 60 python3 benchmark/tp_decode.py $decode > $R/tp_decode.txt 2>&1
     timeout 60 $OLD/tp_decode.py $decode > $R/tp_decode_before.txt 2>&1
     grep -h "^measured" $R/tp_decode*.txt ;;
+finish)
+    timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+        --json $R/roofline.json > $R/roofline.txt 2>&1
+    tail -n 12 $R/roofline.txt ;;
 esac

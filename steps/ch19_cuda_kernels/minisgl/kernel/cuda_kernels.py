@@ -272,8 +272,10 @@ def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
     into the scratch's plan (decode_attention.cu says how). On the device, so a graph replays
     it as captured. False (nothing done) when the kernel does not take these tensors."""
     n, plan = len(positions), scratch[2]
-    if not (positions.dtype == torch.int64 and positions.dim() == 1 and n > 0
-            and positions.is_contiguous() and items_per_wave >= 1 and min_chunk >= 1
+    limit = (1 << 31) // DECODE_ATTENTION_MAX_SPLITS  # the plan counts in int32
+    if not (positions.dtype == torch.int64 and positions.dim() == 1 and 0 < n < limit
+            and positions.is_contiguous() and 1 <= items_per_wave < limit
+            and 1 <= min_chunk < limit
             and plan.dtype == torch.int32 and plan.device == positions.device
             and plan.numel() >= _PLAN_HEADER + 4 * decode_attention_max_items(n,
                                                                              items_per_wave)):

@@ -131,21 +131,40 @@ constexpr int kPlanThreads = 4 * kMaxSplits;  // 4 threads count each candidate 
 constexpr int kItemsAt = 4;                   // plan[0] the count, then 16-byte aligned items
 
 HOST_DEVICE inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-HOST_DEVICE inline int64_t at_least(int64_t a, int64_t b) { return a > b ? a : b; }
 
 __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
-    int32_t* __restrict__ plan, const int64_t* __restrict__ positions, int64_t num_reqs,
-    int64_t items_per_wave, int64_t min_chunk) {
+    int32_t* __restrict__ plan, const int64_t* __restrict__ positions, int32_t num_reqs,
+    int32_t items_per_wave, int32_t min_chunk) {
   // One block a step: nothing to gain from letting the next kernel start early.
   wait_for_previous_kernel();  // positions: copied in before the step
   const int tid = threadIdx.x;
+  // The requests' lengths, a tile at a time: every thread loads one, then reads the others
+  // from shared memory (a thread loading its share one after another would wait for each).
+  __shared__ int32_t tile_length[kPlanThreads];
+  const auto load_tile = [&](int32_t tile0) {
+    __syncthreads();  // the previous tile is read
+    tile_length[tid] = tile0 + tid < num_reqs ? static_cast<int32_t>(positions[tile0 + tid]) + 1
+                                              : 0;
+    __syncthreads();
+  };
+  const auto tile_size = [&](int32_t tile0) {
+    return num_reqs - tile0 < kPlanThreads ? num_reqs - tile0 : kPlanThreads;
+  };
+  const auto chunk_size = [&](int32_t longest, int32_t k) {  // S_k
+    const int32_t size = (longest + k - 1) / k;
+    return size > min_chunk ? size : min_chunk;
+  };
 
-  // The context total and the longest one.
-  __shared__ int64_t part_total[kPlanThreads], part_longest[kPlanThreads];
-  int64_t total = 0, longest = 0;
-  for (int64_t r = tid; r < num_reqs; r += kPlanThreads) {
-    total += positions[r] + 1;
-    longest = at_least(longest, positions[r] + 1);
+  // The context total and the longest one; then the chunks at each candidate size: thread t
+  // counts S_k, k = t % kMaxSplits + 1, over every fourth request of each tile.
+  __shared__ int64_t part_total[kPlanThreads];
+  __shared__ int32_t part_longest[kPlanThreads];
+  int64_t total = 0;
+  int32_t longest = 0;
+  for (int32_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
+    load_tile(tile0);
+    total += tile_length[tid];
+    longest = tile_length[tid] > longest ? tile_length[tid] : longest;
   }
   part_total[tid] = total;
   part_longest[tid] = longest;
@@ -153,68 +172,64 @@ __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
   for (int half = kPlanThreads / 2; half > 0; half /= 2) {
     if (tid < half) {
       part_total[tid] += part_total[tid + half];
-      part_longest[tid] = at_least(part_longest[tid], part_longest[tid + half]);
+      if (part_longest[tid + half] > part_longest[tid])
+        part_longest[tid] = part_longest[tid + half];
     }
     __syncthreads();
   }
   total = part_total[0];
   longest = part_longest[0];
-
-  // Chunks at each candidate size: thread t counts S_k, k = t % kMaxSplits + 1, over every
-  // fourth request; then the four partial counts are added.
-  __shared__ int64_t partial_items[kPlanThreads], size_items[kMaxSplits];
-  {
-    const int64_t k = tid % kMaxSplits + 1, size = at_least(min_chunk, ceil_div(longest, k));
-    int64_t items = 0;
-    for (int64_t r = tid / kMaxSplits; r < num_reqs; r += kPlanThreads / kMaxSplits)
-      items += ceil_div(positions[r] + 1, size);
-    partial_items[tid] = items;
+  __shared__ int32_t partial_items[kPlanThreads], size_items[kMaxSplits];
+  const int32_t size_k = chunk_size(longest, tid % kMaxSplits + 1);
+  int32_t items = 0;  // at most num_reqs * kMaxSplits
+  for (int32_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
+    load_tile(tile0);
+    for (int32_t j = tid / kMaxSplits; j < tile_size(tile0); j += kPlanThreads / kMaxSplits)
+      items += (tile_length[j] + size_k - 1) / size_k;
   }
+  partial_items[tid] = items;
   __syncthreads();
   if (tid < kMaxSplits)
     size_items[tid] = partial_items[tid] + partial_items[tid + kMaxSplits] +
                       partial_items[tid + 2 * kMaxSplits] + partial_items[tid + 3 * kMaxSplits];
   __syncthreads();
-  __shared__ int64_t chosen_size;
+  __shared__ int32_t chosen_size;
   if (tid == 0) {
-    int64_t k = 1;  // the finest cut that fits: counts grow with k
+    int32_t k = 1;  // the finest cut that fits (size_items[k] is for k + 1 chunks; it grows)
     while (k < kMaxSplits && size_items[k] <= items_per_wave) ++k;
-    if (4 * total < 3 * items_per_wave * at_least(min_chunk, ceil_div(longest, k)))
+    if (4 * total < int64_t{3} * items_per_wave * chunk_size(longest, k))
       while (k < kMaxSplits && size_items[k] <= 2 * items_per_wave) ++k;
-    chosen_size = at_least(min_chunk, ceil_div(longest, k));
+    chosen_size = chunk_size(longest, k);
   }
   __syncthreads();
-  const int64_t size = chosen_size;
+  const int32_t size = chosen_size;
 
   // Each request's place: after every longer one (and every as long one earlier in the batch).
-  __shared__ int64_t tile_length[kPlanThreads], tile_chunks[kPlanThreads];
-  for (int64_t mine0 = 0; mine0 < num_reqs; mine0 += kPlanThreads) {  // the same for the block
-    const int64_t r = mine0 + tid;
-    const int64_t length = r < num_reqs ? positions[r] + 1 : 0;
-    int64_t before = 0, first = 0;  // requests placed before r, and their chunks
-    for (int64_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
-      __syncthreads();  // the previous tile is read
-      const int64_t other = tile0 + tid < num_reqs ? positions[tile0 + tid] + 1 : 0;
-      tile_length[tid] = other;
-      tile_chunks[tid] = ceil_div(other, size);
+  __shared__ int32_t tile_chunks[kPlanThreads];
+  for (int32_t mine0 = 0; mine0 < num_reqs; mine0 += kPlanThreads) {  // the same for the block
+    const int32_t r = mine0 + tid;
+    const int32_t length = r < num_reqs ? static_cast<int32_t>(positions[r]) + 1 : 0;
+    int32_t before = 0, first = 0;  // requests placed before r, and their chunks
+    for (int32_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
+      load_tile(tile0);
+      tile_chunks[tid] = (tile_length[tid] + size - 1) / size;
       __syncthreads();
-      const int64_t in_tile = num_reqs - tile0 < kPlanThreads ? num_reqs - tile0 : kPlanThreads;
-      for (int64_t j = 0; j < in_tile; ++j) {
+      for (int32_t j = 0; j < tile_size(tile0); ++j) {
         const bool earlier = tile_length[j] > length || (tile_length[j] == length && tile0 + j < r);
         before += earlier;
         first += earlier ? tile_chunks[j] : 0;
       }
     }
     if (r >= num_reqs) continue;
-    const int64_t chunks = ceil_div(length, size);
-    for (int64_t c = 0; c < chunks; ++c) {
+    const int32_t chunks = (length + size - 1) / size;
+    for (int32_t c = 0; c < chunks; ++c) {
       int32_t* item = plan + kItemsAt + 4 * (first + c);
-      item[0] = static_cast<int32_t>(r);
-      item[1] = static_cast<int32_t>(c);
-      item[2] = static_cast<int32_t>(chunks);
-      item[3] = static_cast<int32_t>(first);
+      item[0] = r;
+      item[1] = c;
+      item[2] = chunks;
+      item[3] = first;
     }
-    if (before == num_reqs - 1) plan[0] = static_cast<int32_t>(first + chunks);  // the last
+    if (before == num_reqs - 1) plan[0] = first + chunks;  // the last
   }
 }
 
@@ -504,15 +519,20 @@ extern "C" int minisgl_decode_attention_blocks_per_sm(int64_t q_heads, int64_t k
 }
 
 // The plan of a step (see the plan kernel): plan holds kItemsAt + 4 * (the most items it can
-// make) int32; positions, num_reqs of them; items_per_wave and min_chunk at least 1. The most
-// items: two waves' worth, or one a request where there are more requests. Returns a CUDA
-// error code (0: none); -1 for arguments out of range.
+// make) int32; positions, num_reqs of them, below 2^31 - 1; num_reqs, items_per_wave and
+// min_chunk at least 1 and below 2^31 / kMaxSplits (the counts are int32). The most items: two
+// waves' worth, or one a request where there are more requests. Returns a CUDA error code
+// (0: none); -1 for arguments out of range.
 extern "C" int minisgl_decode_attention_plan(int32_t* plan, const int64_t* positions,
                                              int64_t num_reqs, int64_t items_per_wave,
                                              int64_t min_chunk, void* stream) {
-  if (num_reqs < 1 || items_per_wave < 1 || min_chunk < 1) return -1;
+  constexpr int64_t kLimit = (int64_t{1} << 31) / kMaxSplits;  // counts stay in int32
+  if (num_reqs < 1 || items_per_wave < 1 || min_chunk < 1 || num_reqs >= kLimit ||
+      items_per_wave >= kLimit || min_chunk >= kLimit)
+    return -1;
   LAUNCH(decode_attention_plan_kernel, dim3(1), dim3(kPlanThreads), stream, plan, positions,
-         num_reqs, items_per_wave, min_chunk);
+         static_cast<int32_t>(num_reqs), static_cast<int32_t>(items_per_wave),
+         static_cast<int32_t>(min_chunk));
 #ifdef __CUDACC__
   return static_cast<int>(cudaGetLastError());
 #else
