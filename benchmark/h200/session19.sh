@@ -9,9 +9,10 @@
 #   kernels   a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: 3e60915,
 #             `git archive 3e60915 python benchmark tools tests steps | tar -x -C .dev/old`):
 #             the kernel's GPU tests; decode_attention.py --mixed (the official workload's
-#             contexts at batch 8-256, three steps) against the tree before; --graph (uniform
-#             contexts, batch 1-32), chunks of at least 64 and 128 tokens, against the tree
-#             before at the chunk counts it chose.
+#             contexts at batch 8-256, three steps) against the tree before (and at batch
+#             8-32 at the chunk counts its engine chose: its --mixed cut one a request);
+#             --graph (uniform contexts, batch 1-32), chunks of at least 64 and 128 tokens,
+#             against the tree before at the chunk counts it chose.
 # The first call ran a first plan (chunks of total / (W x a wave's chunks) tokens; its code is
 # not kept, and decode_attention.py took --waves: 1 2 4 8 in --mixed, 1 2 4 in --graph; no
 # graph_before). It showed (book/runs/ch19_decode_attention_s19.h200.txt): batch 8-32 of
@@ -46,6 +47,21 @@ kernels)
     cat $R/mixed.txt
     timeout 100 $OLD/h200/decode_attention.py $mixed > $R/mixed_before.txt 2>&1
     cat $R/mixed_before.txt
+    # Its --mixed cuts every request into one chunk; its engine cut batch 8, 16, 32 into 8, 4, 2.
+    PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 60 python3 - > $R/mixed_before_small.txt \
+        2>&1 <<'PY'
+import sys
+sys.path[:0] = [".dev/old/benchmark/h200", ".dev/old/benchmark"]
+from decode_attention import ours_microseconds
+from offline import official_workload
+prompts = [len(p) for p in official_workload()[0]]
+for batch, splits in ((8, 8), (16, 4), (32, 2)):
+    for step, extra in (("first", 0), ("+300", 300), ("+600", 600)):
+        contexts = [n + extra for n in prompts[:batch]]
+        print(f"batch {batch:>3} {step:>5}: {splits} chunks a request, "
+              f"{ours_microseconds(contexts, 256, splits, 16):.1f} us")
+PY
+    cat $R/mixed_before_small.txt
     graph="--graph --batch 1 2 4 8 16 32 --context 1024 4096 --page-size 256"
     timeout 120 python3 benchmark/h200/decode_attention.py $graph --min-chunk 64 128 \
         > $R/graph.txt 2>&1
