@@ -23,9 +23,10 @@
 //    different lengths keep every SM reading until the end of the launch.
 //
 // Keys are found through the page table (page_table[row, i] is the pool slot of token i), so the
-// kernel needs no per-batch plan and a graph replays it as captured. The new token (the last one,
-// at `position`) is not in the pool yet: its K and V come from the projection, and the block
-// holding it stores them at out_loc, where the next step reads them.
+// kernel needs no page list from the host, and with the plan made on the GPU a graph replays both
+// as captured. The new token (the last one, at `position`) is not in the pool yet: its K and V
+// come from the projection, and the block holding it stores them at out_loc, where the next step
+// reads them.
 #include <cmath>
 
 #include "cuda_model.h"
