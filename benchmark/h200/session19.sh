@@ -24,7 +24,8 @@
 # counts in shared memory.
 # The second call of kernels (a fresh machine) measured this plan.
 #   workload  the same warm machine, no carry: the official workload three rounds each, this
-#             tree and the tree before; tp_decode.py at batch 1, both trees.
+#             tree and the tree before; tp_decode.py at batch 1, both trees; (its second call)
+#             timeline.py at batch 16.
 #   finish    the same warm machine, no carry: the roofline, this tree.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
@@ -81,7 +82,11 @@ workload)
     decode="--model $M --tp 1 --batch 1 --device cuda --attn flashinfer"
     timeout 60 python3 benchmark/tp_decode.py $decode > $R/tp_decode.txt 2>&1
     timeout 60 $OLD/tp_decode.py $decode > $R/tp_decode_before.txt 2>&1
-    grep -h "^measured" $R/tp_decode*.txt ;;
+    grep -h "^measured" $R/tp_decode*.txt
+    # Is the GPU waiting for the host at batch 16 (the roofline's batch 9-32 steps)?
+    timeout 90 python3 benchmark/timeline.py --device cuda --model $M --batch 16 \
+        --json $R/timeline_b16.json > $R/timeline_b16.txt 2>&1
+    tail -n 6 $R/timeline_b16.txt ;;
 finish)
     timeout 100 python3 benchmark/roofline.py --device cuda --model $M --workload official \
         --json $R/roofline.json > $R/roofline.txt 2>&1

@@ -118,8 +118,9 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     error = ((got.float() - want).abs() / want.abs().clamp(min=1)).max().item()
     print(f"  gemv（门控）：4 行 × 20 列，与矩阵乘 + 激活的最大相对误差 {error:.2e}（容差 {2 ** -6:g}）")
     ok &= error <= 2 ** -6
-    # decode 注意力：2 个请求（上下文 37、5 个 token），4 个 query 头共用 2 个 KV 头，每个请求最多切成 4 段；
-    # 新 token 的 K、V 取自投影（它的槽位里原来是别的数），kernel 顺带把它们写进池子
+    # decode 注意力：2 个请求（上下文 37、5 个 token），4 个 query 头共用 2 个 KV 头；先做 plan（一波 4 段、
+    # 每段至少 8 个 token：37 个 token 切 3 段），再算注意力。新 token 的 K、V 取自投影（它的槽位里原来是
+    # 别的数），kernel 顺带把它们写进池子
     k_cache, v_cache = (torch.randn(100, 2, 64, generator=gen).to(device, dtype) for _ in range(2))
     page_table = torch.randperm(100, generator=gen)[:80].view(2, 40).int().to(device)
     rows, positions = torch.tensor([1, 0], device=device), torch.tensor([36, 4], device=device)
@@ -133,13 +134,15 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
         values = torch.cat([v_cache[cached], v[i:i + 1]]).double().repeat_interleave(2, 1)
         weights = (torch.einsum("hd,thd->ht", q[i].double(), keys) / 8).softmax(-1)
         want.append(torch.einsum("ht,thd->hd", weights, values))
-    scratch = cuda_kernels.decode_attention_scratch(2, 2 * 4, 4, 2, 64, torch.device(device))
+    scratch = cuda_kernels.decode_attention_scratch(2, 4, 4, 2, 64, torch.device(device))
+    assert cuda_kernels.decode_attention_plan(positions, 4, scratch, min_chunk=8)
+    chunks = int(scratch[2][0])
     got = cuda_kernels.decode_attention(q, k, v, k_cache, v_cache, page_table, rows, positions,
                                         out_loc, 1 / 8, 4, scratch)
     want = torch.stack(want)
     error = ((got.double() - want).abs() / want.abs().clamp(min=1)).max().item()
     stored = torch.equal(k_cache[out_loc], k) and torch.equal(v_cache[out_loc], v)
-    print(f"  decode_attention：2 个请求，最多切 4 段，与参考的最大相对误差 {error:.2e}"
+    print(f"  decode_attention：2 个请求，plan 切成 {chunks} 段，与参考的最大相对误差 {error:.2e}"
           f"（容差 {tolerance:g}）；"
           f"新 K、V 已写入：{stored}")
     return ok and error <= tolerance and stored
