@@ -9,20 +9,25 @@
 #   kernels   a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: 3e60915,
 #             `git archive 3e60915 python benchmark tools tests steps | tar -x -C .dev/old`):
 #             the kernel's GPU tests; decode_attention.py --mixed (the official workload's
-#             contexts at batch 8-256, three steps) against the tree before (and at batch
-#             8-32 at the chunk counts its engine chose: its --mixed cut one a request);
+#             contexts at batch 8-256, three steps) against the tree before (and, from the
+#             third call on, at batch 8-32 at the chunk counts its engine chose: its --mixed
+#             cut one a request);
 #             --graph (uniform contexts, batch 1-32), chunks of at least 64 and 128 tokens,
 #             against the tree before at the chunk counts it chose.
 # The first call ran a first plan (chunks of total / (W x a wave's chunks) tokens; its code is
 # not kept, and decode_attention.py took --waves: 1 2 4 8 in --mixed, 1 2 4 in --graph; no
 # graph_before). It showed (book/runs/ch19_decode_attention_s19.h200.txt): batch 8-32 of
-# mixed contexts 25-55% faster, batch 64 up to 10% with two waves, batch 128 13% slower with
+# mixed contexts 25-55% faster than the tree before at one chunk a request (not what its engine
+# ran there: the third call measured that), batch 64 up to 10% with two waves, batch 128 13% slower with
 # two waves than with one (more blocks, each paying its start and merge), and at batch 8-32 of
 # uniform contexts a size from the total alone made 1.1-1.5 waves, slower than the tree
 # before; the plan kernel took 4-43 us (64-bit divisions in its n^2 loop). So the plan now
 # fits the chunks to one wave (two where one would idle a quarter of its time), with the
 # counts in shared memory.
-# The second call of kernels (a fresh machine) measured this plan.
+# The second call of kernels (a fresh machine, e6ee68c) measured this plan, then workload and
+# finish on the same machine. The plan kernel still took up to 20 us (its lengths read one after
+# another from memory); reading them a tile at a time through shared memory (723d5b0), a third
+# call of kernels and a second of workload (with the timeline) measured it, on another machine.
 #   workload  the same warm machine, no carry: the official workload three rounds each, this
 #             tree and the tree before; tp_decode.py at batch 1, both trees; (its second call)
 #             timeline.py at batch 16.
