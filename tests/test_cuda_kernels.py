@@ -380,7 +380,8 @@ def plan_and_attend(case: dict, scale: float, items_per_wave: int,
 
 def plan_items(plan: torch.Tensor) -> list[tuple[int, ...]]:
     """The plan's items: (request, chunk, chunks of the request, its first item)."""
-    return [tuple(item) for item in plan[4: 4 + 4 * int(plan[0])].view(-1, 4).tolist()]
+    header = cuda_kernels.DECODE_ATTENTION_PLAN_HEADER
+    return [tuple(item) for item in plan[header: header + 4 * int(plan[0])].view(-1, 4).tolist()]
 
 
 @pytest.mark.parametrize("lengths, items_per_wave, min_chunk, chunks", [

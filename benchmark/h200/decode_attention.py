@@ -74,16 +74,6 @@ def decode_microseconds(contexts: list[int], page_size: int, tensor_cores: bool,
                              rounds=5, graph=graph)
 
 
-def items_per_wave(q_heads: int) -> int:
-    """The backend's: the chunks (a block per KV head each) this GPU's SMs hold at once."""
-    from minisgl.kernel import cuda_kernels
-
-    wave = torch.cuda.get_device_properties(0).multi_processor_count * \
-        cuda_kernels.decode_attention_blocks_per_sm(q_heads, KV_HEADS, HEAD_DIM, torch.bfloat16,
-                                                    torch.device("cuda"))
-    return max(1, wave // KV_HEADS)
-
-
 def ours_microseconds(contexts: list[int], page_size: int, q_heads: int,
                       min_chunk: int) -> tuple[float, float]:
     """Chapter 19's kernel on the same shapes, the pages scattered the same way; it also stores
@@ -105,7 +95,8 @@ def ours_microseconds(contexts: list[int], page_size: int, q_heads: int,
     qkv = torch.randn(batch, (q_heads + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, device=device)
     q, k, v = (part.view(batch, -1, HEAD_DIM) for part in qkv.split(
         [q_heads * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1))
-    items = items_per_wave(q_heads)
+    items = cuda_kernels.decode_attention_items_per_wave(q_heads, KV_HEADS, HEAD_DIM, dtype,
+                                                         torch.device(device))
     scratch = cuda_kernels.decode_attention_scratch(batch, items, q_heads, KV_HEADS, HEAD_DIM,
                                                     device)
     plan = best_microseconds(lambda: cuda_kernels.decode_attention_plan(

@@ -187,11 +187,8 @@ class FlashInferBackend(BaseAttentionBackend):
             # Ours cuts the step's contexts into chunks, a block of 128 threads per chunk and
             # KV head, as many as the SMs hold at once (a wave), or two waves where the
             # contexts differ a lot (the plan, decode_attention.cu).
-            sm_count = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if self.device.type == "cuda" else 1)
-            wave = sm_count * cuda_kernels.decode_attention_blocks_per_sm(
+            self.own_decode_items = cuda_kernels.decode_attention_items_per_wave(
                 self.num_qo_heads, self.num_kv_heads, self.head_dim, keys.dtype, self.device)
-            self.own_decode_items = max(1, wave // self.num_kv_heads)  # chunks a wave
             largest = (max_batch_size if OWN_DECODE_MAX_BATCH is None
                        else min(max_batch_size, OWN_DECODE_MAX_BATCH))
             self.own_decode_scratch = cuda_kernels.decode_attention_scratch(

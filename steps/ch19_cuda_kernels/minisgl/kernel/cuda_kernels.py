@@ -222,7 +222,7 @@ DECODE_ATTENTION_MAX_SPLITS = 64  # chunks a request: the merge's lanes hold two
 # in 32 or 64 chunks 6.6-6.8 (book/runs/ch19_decode_attention_s17.h200.txt): shorter chunks
 # read less each than their merge costs.
 DECODE_ATTENTION_MIN_CHUNK = 64
-_PLAN_HEADER = 4  # int32 before the plan's items (its count, padding to 16 bytes)
+DECODE_ATTENTION_PLAN_HEADER = 4  # int32 before the items: their count, padding to 16 bytes
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -244,6 +244,16 @@ def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
     return blocks
 
 
+def decode_attention_items_per_wave(q_heads: int, kv_heads: int, head_dim: int,
+                                    dtype: torch.dtype, device: torch.device) -> int:
+    """The chunks a plan fits in one wave: decode_attention's blocks (one per chunk and KV
+    head) that all SMs of `device` run at once, per KV head (the emulator counts one SM)."""
+    sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
+                if device.type == "cuda" else 1)
+    blocks = sm_count * decode_attention_blocks_per_sm(q_heads, kv_heads, head_dim, dtype, device)
+    return max(1, blocks // kv_heads)
+
+
 def decode_attention_max_items(num_reqs: int, items_per_wave: int) -> int:
     """The most chunks (items) a plan of num_reqs requests makes: two waves' worth, or one a
     request where there are more requests, and no request more than
@@ -260,7 +270,7 @@ def decode_attention_scratch(num_reqs: int, items_per_wave: int, q_heads: int, k
     items = decode_attention_max_items(num_reqs, items_per_wave)
     return (torch.empty(items * q_heads * (head_dim + 2), dtype=torch.float32, device=device),
             torch.zeros(num_reqs * kv_heads, dtype=torch.int32, device=device),
-            torch.zeros(_PLAN_HEADER + 4 * items, dtype=torch.int32, device=device))
+            torch.zeros(DECODE_ATTENTION_PLAN_HEADER + 4 * items, dtype=torch.int32, device=device))
 
 
 def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
@@ -277,8 +287,8 @@ def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
             and positions.is_contiguous() and 1 <= items_per_wave < limit
             and 1 <= min_chunk < limit
             and plan.dtype == torch.int32 and plan.device == positions.device
-            and plan.numel() >= _PLAN_HEADER + 4 * decode_attention_max_items(n,
-                                                                             items_per_wave)):
+            and plan.numel() >= (DECODE_ATTENTION_PLAN_HEADER
+                                 + 4 * decode_attention_max_items(n, items_per_wave))):
         return False
     code = _library("decode_attention", positions.device).minisgl_decode_attention_plan(
         plan.data_ptr(), positions.data_ptr(), n, items_per_wave, min_chunk, _stream(positions))
@@ -313,7 +323,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             and all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous()
                     and t.device == q.device for t in (rows, positions, out_loc))
             and partial.dtype == torch.float32 and finished.dtype == torch.int32
-            and plan.dtype == torch.int32 and plan.numel() >= _PLAN_HEADER + 4 * items
+            and plan.dtype == torch.int32
+            and plan.numel() >= DECODE_ATTENTION_PLAN_HEADER + 4 * items
             and items < 1 << 16  # the grid's second dimension
             and partial.numel() >= items * q_heads * (head_dim + 2)
             and finished.numel() >= n * k.shape[1]):

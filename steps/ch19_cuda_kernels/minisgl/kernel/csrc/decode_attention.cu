@@ -131,7 +131,8 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
 constexpr int kPlanThreads = 4 * kMaxSplits;  // 4 threads count each candidate size
 constexpr int kItemsAt = 4;                   // plan[0] the count, then 16-byte aligned items
 
-HOST_DEVICE inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+template <typename T>
+HOST_DEVICE inline T ceil_div(T a, T b) { return (a + b - 1) / b; }
 
 __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
     int32_t* __restrict__ plan, const int64_t* __restrict__ positions, int32_t num_reqs,
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
     return num_reqs - tile0 < kPlanThreads ? num_reqs - tile0 : kPlanThreads;
   };
   const auto chunk_size = [&](int32_t longest, int32_t k) {  // S_k
-    const int32_t size = (longest + k - 1) / k;
+    const int32_t size = ceil_div(longest, k);
     return size > min_chunk ? size : min_chunk;
   };
 
@@ -186,7 +187,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
   for (int32_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
     load_tile(tile0);
     for (int32_t j = tid / kMaxSplits; j < tile_size(tile0); j += kPlanThreads / kMaxSplits)
-      items += (tile_length[j] + size_k - 1) / size_k;
+      items += ceil_div(tile_length[j], size_k);
   }
   partial_items[tid] = items;
   __syncthreads();
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
     int32_t before = 0, first = 0;  // requests placed before r, and their chunks
     for (int32_t tile0 = 0; tile0 < num_reqs; tile0 += kPlanThreads) {
       load_tile(tile0);
-      tile_chunks[tid] = (tile_length[tid] + size - 1) / size;
+      tile_chunks[tid] = ceil_div(tile_length[tid], size);
       __syncthreads();
       for (int32_t j = 0; j < tile_size(tile0); ++j) {
         const bool earlier = tile_length[j] > length || (tile_length[j] == length && tile0 + j < r);
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kPlanThreads) decode_attention_plan_kernel(
       }
     }
     if (r >= num_reqs) continue;
-    const int32_t chunks = (length + size - 1) / size;
+    const int32_t chunks = ceil_div(length, size);
     for (int32_t c = 0; c < chunks; ++c) {
       int32_t* item = plan + kItemsAt + 4 * (first + c);
       item[0] = r;
