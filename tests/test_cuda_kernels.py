@@ -246,13 +246,14 @@ def test_gumbel_max_draws_follow_the_softmax():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("draw", [0, 7, 2**33 + 5])
-def test_sample_draws_what_the_reference_draws(emulate, dtype, draw):
+@pytest.mark.parametrize("draw, vocab", [(0, 1001), (7, 1001), (2**33 + 5, 1001),
+                                         (3, 2 * cuda_kernels.SAMPLE_SPAN + 5)])
+def test_sample_draws_what_the_reference_draws(emulate, dtype, draw, vocab):
     """The emulated kernel against the reference, token for token: rows of temperature 0
     (greedy) beside sampled ones, a vocabulary that is no multiple of 4, a 64-bit seed, rows
-    of a wider tensor (a slice of the columns)."""
+    of a wider tensor (a slice of the columns), and rows that three blocks share (spans)."""
     gen = torch.Generator().manual_seed(draw % 1000)
-    logits = (torch.randn(5, 1001 + 3, generator=gen) * 3).to(dtype)[:, :1001]
+    logits = (torch.randn(5, vocab + 3, generator=gen) * 3).to(dtype)[:, :vocab]
     temperatures = [0.6, 0.0, 1.0, 2.5, 0.05]
     seed = 2**40 + 3
     out = cuda_kernels.sample(logits, torch.tensor(temperatures), seed, draw)
@@ -268,6 +269,21 @@ def test_sample_greedy_rows_pick_what_argmax_picks(emulate):
                            [inf, 0.0, inf, -inf, 1.0]])
     out = cuda_kernels.sample(logits, torch.zeros(4), seed=0, draw=0)
     assert out is not None and out.tolist() == logits.argmax(dim=-1).tolist() == [1, 0, 2, 0]
+
+
+def test_sample_greedy_rows_across_spans_pick_what_argmax_picks(emulate):
+    """Rows longer than a block's span: the spans' best meet in the merge in argmax's order
+    (the largest in the last span, a tie across spans goes to the first, a NaN in the middle
+    span ahead of larger numbers, all -inf)."""
+    span, inf, nan = cuda_kernels.SAMPLE_SPAN, float("inf"), float("nan")
+    logits = torch.zeros(4, 2 * span + 9)
+    logits[0, 2 * span + 7] = 1.0
+    logits[1, [span - 1, span, 2 * span]] = 2.0
+    logits[2, span + 3], logits[2, 2 * span + 1] = nan, inf
+    logits[3] = -inf
+    out = cuda_kernels.sample(logits, torch.zeros(4), seed=0, draw=0)
+    want = [2 * span + 7, span - 1, span + 3, 0]
+    assert out is not None and out.tolist() == logits.argmax(dim=-1).tolist() == want
 
 
 def test_sample_a_new_draw_number_draws_anew(emulate):

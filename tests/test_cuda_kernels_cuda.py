@@ -8,8 +8,8 @@ import torch
 
 from conftest import SMOLLM2
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
-from test_cuda_kernels import (TOLERANCE, decode_case, plan_and_attend, plan_items,
-                               reference_decode_attention, relative_error)
+from test_cuda_kernels import (TOLERANCE, decode_case, gumbel_max_reference, plan_and_attend,
+                               plan_items, reference_decode_attention, relative_error)
 from minisgl.core import SamplingParams
 from minisgl.attention import flashinfer_backend
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
@@ -163,6 +163,18 @@ def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(mo
     assert_same_up_to_near_ties(path, FIVE_PROMPTS,
                                 generate(path, torch.bfloat16, "off", FIVE_PROMPTS),
                                 generate(path, torch.bfloat16, "auto", FIVE_PROMPTS), "attention")
+
+
+def test_sample_on_the_gpu_draws_what_the_reference_draws(on_gpu):
+    """Qwen3's vocabulary (19 spans of the kernel's blocks a row), sampled rows beside a greedy
+    one: the GPU's tokens are the reference's, token for token (the same float32 keys, logf on
+    both sides)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(6, 151_936, device="cuda", generator=gen) * 3).bfloat16()
+    temperatures = [0.6, 1.0, 0.0, 0.05, 2.0, 0.6]
+    out = cuda_kernels.sample(logits, torch.tensor(temperatures, device="cuda"), 2**40 + 1, 9)
+    assert out is not None
+    assert out.tolist() == gumbel_max_reference(logits.cpu(), temperatures, 2**40 + 1, 9)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])

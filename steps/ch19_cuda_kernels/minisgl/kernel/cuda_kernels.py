@@ -30,8 +30,8 @@ _SIGNATURES = {
     "minisgl_masked_gather": [c_void_p] * 3 + [c_int64] * 4 + [c_void_p],
     "minisgl_qk_norm_rope": [c_void_p] * 2 + [c_int64] * 6 + [c_void_p] * 4 + [c_float, c_int,
                                                                              c_void_p],
-    "minisgl_sample": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p] + [c_uint64] * 2 + [c_int,
-                                                                              c_void_p],
+    "minisgl_sample": [c_void_p] * 2 + [c_int64] + [c_void_p] + [c_int64] * 3 + [c_void_p]
+    + [c_uint64] * 2 + [c_int, c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
     + [c_void_p] * 4 + [c_int64] * 4 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
@@ -171,6 +171,9 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head
     return True
 
 
+SAMPLE_SPAN = 8192  # columns of a row one block of sample.cu reads (its kSpan)
+
+
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
            draw: int) -> torch.Tensor | None:
     """One token per row of logits [rows, vocab] (int32): a draw from softmax(row / temperature)
@@ -178,16 +181,19 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
     numbers are a function of (seed, draw, row, column): a new `draw` number, new numbers. None
     when the kernel does not take these tensors."""
     if not (logits.dtype in _DTYPES and logits.dim() == 2 and logits.stride(1) == 1
-            and 0 < logits.shape[1] < 2**31 and temperatures.dtype == torch.float32
+            and 0 < logits.shape[1] <= 65535 * SAMPLE_SPAN  # a grid dimension of spans
+            and temperatures.dtype == torch.float32
             and temperatures.shape == logits.shape[:1] and temperatures.is_contiguous()):
         return None
-    out = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+    rows, spans = logits.shape[0], -(-logits.shape[1] // SAMPLE_SPAN)
+    # The tokens, then each span's best key (float bits) and column: one allocation.
+    buffer = torch.empty(rows + 2 * rows * spans, dtype=torch.int32, device=logits.device)
     code = _library("sample", logits.device).minisgl_sample(
-        out.data_ptr(), logits.data_ptr(), logits.stride(0), logits.shape[0], logits.shape[1],
-        temperatures.data_ptr(), seed % 2**64, draw % 2**64, _DTYPES[logits.dtype],
-        _stream(logits))
+        buffer.data_ptr(), buffer[rows:].data_ptr(), 2 * rows * spans, logits.data_ptr(),
+        logits.stride(0), rows, logits.shape[1], temperatures.data_ptr(), seed % 2**64,
+        draw % 2**64, _DTYPES[logits.dtype], _stream(logits))
     _check(code, "sample")
-    return out
+    return buffer[:rows]
 
 
 GEMV_MAX_ROWS = 4  # from 8 rows on, cuBLAS is faster on the H200 (benchmark/h200/gemv_bench.py)
