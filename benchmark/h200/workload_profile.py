@@ -12,7 +12,11 @@ page_size 256), run by one LLM after its warm-up, several times:
 Every run adds its number to each prompt's token ids (the ids stay below the vocabulary): the
 lengths are the workload's, and the radix cache finds no prompt of an earlier run.
 
+--requests N keeps the workload's first N requests: a run of small decode batches, where the
+host's work per step, not the GPU, may set the pace.
+
     python benchmark/h200/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
+                                              [--requests N]
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/qwen3-0.6b-random")
     parser.add_argument("--out", default=".", help="where py-spy's raw stacks go")
+    parser.add_argument("--requests", type=int, default=None, help="the first N requests only")
     args = parser.parse_args()
     prompts, output_lens = official_workload()
+    prompts, output_lens = prompts[: args.requests], output_lens[: args.requests]
     llm = LLM(args.model, dtype=torch.bfloat16, max_running_req=len(prompts), page_size=256,
               max_seq_len_override=4096, max_prefill_length=16384, device="cuda")
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6)
