@@ -6,15 +6,17 @@
 # of session 19 showed the GPU waiting at batch 16).
 #   one     a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: 186614a,
 #           `git archive 186614a python benchmark tools tests steps | tar -x -C .dev/old`):
-#           the sampling kernel's GPU tests; sample_bench.py, this tree and the tree before; the
-#           official workload three rounds each, both trees; workload_profile.py on its first
-#           16 requests (py-spy of the host at batch 16 and below, the GPU's kernels).
-#   two     the same warm machine, no carry: workload_profile.py on the whole workload; the
-#           roofline and batch 1, this tree.
+#           the sampling kernel's GPU tests; sample_bench.py, this tree and the tree before;
+#           decode_profile.py at temperature 0.6, batch 1 and 256, both trees.
+#   two     the same warm machine, no carry: the official workload three rounds each, both
+#           trees; workload_profile.py on its first 16 requests (py-spy of the host at batch 16
+#           and below, the GPU's kernels).
+#   three   the same warm machine, no carry: workload_profile.py on the whole workload; the
+#           roofline and batch 1 (greedy), this tree.
 # Results go straight to $OUT, so a run cut by the call's limit still returns. At most eight
 # files come back from a call: each part writes fewer.
 set -uo pipefail
-part=${1:?usage: session20.sh one|two}
+part=${1:?usage: session20.sh one|two|three}
 source benchmark/h200/setup.sh
 R=$OUT/s20-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -31,6 +33,15 @@ one)
       PYTHONPATH=.dev/old/python:$PYTHONPATH timeout 60 python3 benchmark/h200/sample_bench.py
     } >> $R/kernels.txt 2>&1
     cat $R/kernels.txt
+    # A whole decode step at the workload's temperature: batch 1 (one row, 19 SMs now) and 256.
+    for batch in 1 256; do
+        profile="--attn flashinfer --batch $batch --prompt-len 700 --page-size 256 \
+            --temperature 0.6 --top 12"
+        timeout 100 python3 benchmark/decode_profile.py $profile > $R/profile_b$batch.txt 2>&1
+        timeout 60 $OLD/decode_profile.py $profile > $R/profile_b${batch}_before.txt 2>&1
+        grep -h -A1 "batch  " $R/profile_b$batch*.txt
+    done ;;
+two)
     args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
     timeout 150 python3 benchmark/offline.py $args --json $R/offline_after.json \
         > $R/offline_after.txt 2>&1
@@ -39,7 +50,7 @@ one)
     timeout 120 python3 benchmark/h200/workload_profile.py --model $M --requests 16 --out /tmp \
         > $R/profile_16.txt 2>&1
     head -n 70 $R/profile_16.txt ;;
-two)
+three)
     timeout 200 python3 benchmark/h200/workload_profile.py --model $M --out /tmp \
         > $R/profile.txt 2>&1
     head -n 60 $R/profile.txt
