@@ -37,7 +37,7 @@ from timeline import merge, total
 CATEGORIES = [  # first match wins; FlashInfer's norm, RoPE and activation kernels are not attention
     # the sampler: chapter 19's kernel, or the reference's argmax, softmax over the vocabulary
     # (cunn_SoftMax: rows longer than 1,024) and multinomial's exponential draws
-    ("采样", re.compile(r"sample_kernel|ArgMax|cunn_SoftMax|distribution_", re.I)),
+    ("采样", re.compile(r"sample_(span_|merge_)?kernel|ArgMax|cunn_SoftMax|distribution_", re.I)),
     ("注意力", re.compile(r"BatchDecode|BatchPrefill|MergeStates|fmha|flash_fwd|attention|softmax"
                         r"|sdpa", re.I)),
     ("矩阵乘", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul", re.I)),

@@ -166,7 +166,7 @@ def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(mo
 
 
 def test_sample_on_the_gpu_draws_what_the_reference_draws(on_gpu):
-    """Qwen3's vocabulary (19 spans of the kernel's blocks a row), sampled rows beside a greedy
+    """Qwen3's vocabulary (75 spans of the kernel's blocks a row), sampled rows beside a greedy
     one: the GPU's tokens are the reference's, token for token (the same float32 keys, logf on
     both sides)."""
     gen = torch.Generator(device="cuda").manual_seed(0)

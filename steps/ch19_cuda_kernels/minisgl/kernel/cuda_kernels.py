@@ -171,7 +171,7 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head
     return True
 
 
-SAMPLE_SPAN = 8192  # columns of a row one block of sample.cu reads (its kSpan)
+SAMPLE_SPAN = 2048  # columns of a row one block of sample.cu reads (its kSpan)
 
 
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,

@@ -50,13 +50,16 @@ HOST_DEVICE inline bool ahead(float key, int col, float best, int best_col) {
 }
 
 // A row is read by many blocks, each taking a span of kSpan columns, and a second kernel picks
-// the best of the spans' candidates. One block a row (the first version) kept an SM per row
-// busy for the whole vocabulary: at batch 256 it read the logits at 0.5 TB/s, at batch 1 one
-// SM of 132 worked (ch19_sample_s20). The argmax under `ahead` is a total order, so any split
-// of the columns gives the same token.
+// the best of the spans' candidates. One block a row (the first version) kept one SM per row
+// busy for the whole vocabulary: at batch 1 it took 83 us where this takes 10, while 131 SMs
+// idled (ch19_sample_s20). Spans are short and a thread holds only two groups, so the kernel
+// needs 30 registers and an SM runs 2,048 of its threads: at large batches the arithmetic (two
+// logf a column, a Philox every four), not the reading, sets its pace, and it needs that many
+// threads to hide its latency. The argmax under `ahead` is a total order, so any split of the
+// columns gives the same token.
 constexpr int kThreads = 256;
-constexpr int kGroupsPerThread = 8;  // groups of four columns; unrolled, their loads overlap
-constexpr int64_t kSpan = 4 * kThreads * kGroupsPerThread;  // columns a block reads: 8,192
+constexpr int kGroupsPerThread = 2;  // groups of four columns; unrolled, their loads overlap
+constexpr int64_t kSpan = 4 * kThreads * kGroupsPerThread;  // columns a block reads: 2,048
 
 // The best (key, column) of `count` candidates a block's threads hold in shared memory.
 __device__ inline void reduce_candidates(float* keys, int* cols, int t, int count) {
