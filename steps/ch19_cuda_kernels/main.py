@@ -89,7 +89,7 @@ def check_kernels(device: str, dtype: torch.dtype) -> bool:
     print(f"  qk_norm_rope：与参考的最大相对误差 {error:.2e}（容差 {tolerance:g}）")
     ok &= error <= tolerance
     # 采样：同一行 logits 复制 n 份，按 T = 0.7 各抽一次，每个 token 的次数应在 softmax(logits / T)
-    # 给出的期望的 4 个标准差以内（模拟器每个线程块起 512 个线程，CPU 上只抽 32 次）；温度 0 的行就是 argmax
+    # 给出的期望的 4 个标准差以内（模拟器每个线程块起 256 个线程，CPU 上只抽 32 次）；温度 0 的行就是 argmax
     n = 4096 if device == "cuda" else 32
     row = torch.tensor([1.0, 0.5, -0.3, 2.0, 0.0, -1.5, 0.7, 1.2]).to(device, dtype)
     temperatures = torch.full((n,), 0.7, device=device)
