@@ -186,12 +186,13 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
             and temperatures.shape == logits.shape[:1] and temperatures.is_contiguous()):
         return None
     rows, spans = logits.shape[0], -(-logits.shape[1] // SAMPLE_SPAN)
-    # The tokens, then each span's best key (float bits) and column: one allocation.
+    # The tokens, then each span's best key (float bits) and column: one allocation, and the
+    # scratch's address computed (a view would cost a tensor on every decode step).
     buffer = torch.empty(rows + 2 * rows * spans, dtype=torch.int32, device=logits.device)
     code = _library("sample", logits.device).minisgl_sample(
-        buffer.data_ptr(), buffer[rows:].data_ptr(), 2 * rows * spans, logits.data_ptr(),
-        logits.stride(0), rows, logits.shape[1], temperatures.data_ptr(), seed % 2**64,
-        draw % 2**64, _DTYPES[logits.dtype], _stream(logits))
+        buffer.data_ptr(), buffer.data_ptr() + rows * buffer.element_size(), 2 * rows * spans,
+        logits.data_ptr(), logits.stride(0), rows, logits.shape[1], temperatures.data_ptr(),
+        seed % 2**64, draw % 2**64, _DTYPES[logits.dtype], _stream(logits))
     _check(code, "sample")
     return buffer[:rows]
 
