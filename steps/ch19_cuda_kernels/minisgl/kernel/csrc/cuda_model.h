@@ -180,3 +180,46 @@ HOST_DEVICE inline void unpack(const uint4& piece, float* out) {
     out[2 * j + 1] = to_float(bf16{static_cast<uint16_t>(words[j] >> 16)});
   }
 }
+
+// d += a @ b for one warp on the tensor cores: a 16x16 tile of bfloat16 (row-major) times a
+// 16x8 tile (column-major), summed in float32. Each lane holds a piece of every operand, as
+// PTX's mma.m16n8k16 lays them out: with g = lane / 4 and c = lane % 4, a[0] holds a[g][2c]
+// and a[g][2c + 1] (low half first), a[1] the same of row g + 8, a[2] and a[3] those of columns
+// 2c + 8 and 2c + 9; b[0] holds b[2c][g] and b[2c + 1][g], b[1] rows 2c + 8 and 2c + 9; d[0],
+// d[1] are d[g][2c], d[g][2c + 1], and d[2], d[3] the same of row g + 8. Compute capability
+// 8.0 and later. The emulator gathers the warp's pieces through memory between two barriers,
+// as its shuffle does, and sums the 16 products of each element in k order.
+__device__ inline void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no bfloat16 tensor cores before 8.0: the Python wrapper does not launch here
+#elif !defined(__CUDACC__)
+  static uint32_t a_of[1024][4], b_of[1024][2];  // per thread of the running block
+  const unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned warp = me / 32 * 32, g = me % 32 / 4, c = me % 4;
+  for (int i = 0; i < 4; ++i) a_of[me][i] = a[i];
+  for (int i = 0; i < 2; ++i) b_of[me][i] = b[i];
+  __syncthreads();
+  // Element (row, kk) of a and (kk, col) of b: in which lane, which word, which half.
+  const auto half = [](uint32_t word, unsigned kk) {
+    return to_float(bf16{static_cast<uint16_t>(kk % 2 ? word >> 16 : word & 0xffffu)});
+  };
+  for (unsigned i = 0; i < 4; ++i) {
+    const unsigned row = g + 8 * (i / 2), col = 2 * c + i % 2;
+    float sum = 0.0f;
+    for (unsigned kk = 0; kk < 16; ++kk) {
+      const unsigned pair = kk % 8 / 2;
+      const float av = half(a_of[warp + row % 8 * 4 + pair][row / 8 + kk / 8 * 2], kk);
+      const float bv = half(b_of[warp + col * 4 + pair][kk / 8], kk);
+      sum += av * bv;
+    }
+    d[i] += sum;
+  }
+  __syncthreads();  // no lane writes its next pieces before every lane has read these
+#endif
+}
