@@ -345,67 +345,6 @@ def test_gemv(emulate, rows, k):
     assert error <= 2**-7
 
 
-@pytest.mark.parametrize("rows, n_out, k, splits", [
-    (5, 10, 32, 1),  # one step; most of the block's columns and rows lie past the ends
-    (16, 130, 128, 1),  # a second column tile holding two columns
-    (20, 136, 256, 3),  # 8 steps in splits of 3, 3 and 2: the last block of each tile sums
-    (40, 64, 96, 2),  # 64-row tiles; 3 steps in splits of 2 and 1
-    (70, 24, 64, 4),  # two row tiles; 4 splits asked, 2 steps: 2 splits made
-])
-def test_gemm(emulate, rows, n_out, k, splits):
-    """x @ w.T on the emulated tensor cores: x is a slice of a wider tensor (rows further
-    apart than k); splits of k added up by the last block of each tile. Summed in float32 in
-    another order than the reference and rounded once: within a last bit of bfloat16. A
-    second launch finds the counters back at zero and gives the same bits."""
-    gen = torch.Generator().manual_seed(rows * k)
-    x = torch.randn(rows, k + 8, generator=gen).bfloat16()[:, :k]
-    w = torch.randn(n_out, k, generator=gen).bfloat16()
-    out = cuda_kernels.gemm(x, w, splits)
-    want = x.double() @ w.double().T
-    assert out is not None and out.shape == (rows, n_out) and out.dtype == torch.bfloat16
-    assert ((out.double() - want).abs() / want.abs().clamp(min=1)).max().item() <= 2**-7
-    assert torch.equal(cuda_kernels.gemm(x, w, splits), out)
-    if splits > 1:
-        assert not cuda_kernels._gemm_arrived[x.device].any()
-
-
-def test_gemm_pairs_the_pieces_of_x_and_w_in_the_same_order():
-    """The mma's emulator is the operands' layout as PTX documents it: with one nonzero
-    element in x and in w at the same k, exactly that product lands at (row, column), for
-    every k of a step; a layout bug would move it or lose it."""
-    previous = cuda_kernels.set_mode("emulate")
-    try:
-        for kk in range(32):
-            x, w = torch.zeros(16, 32, dtype=torch.bfloat16), torch.zeros(8, 32, dtype=torch.bfloat16)
-            x[kk % 16, kk] = 2.0
-            w[kk % 8, kk] = 3.0
-            want = torch.zeros(16, 8)
-            want[kk % 16, kk % 8] = 6.0
-            out = cuda_kernels.gemm(x, w, 1)
-            assert out is not None and torch.equal(out.float(), want), kk
-    finally:
-        cuda_kernels.set_mode(previous)
-
-
-def test_gemm_declines_what_it_does_not_take(emulate):
-    assert cuda_kernels.gemm(bf16_zeros(257, 64), bf16_zeros(10, 64)) is None  # a prefill
-    assert cuda_kernels.gemm(bf16_zeros(8, 48), bf16_zeros(10, 48)) is None  # k: 1.5 steps
-    assert cuda_kernels.gemm(torch.zeros(8, 64), torch.zeros(10, 64)) is None  # float32
-    assert cuda_kernels.gemm(bf16_zeros(8, 64), bf16_zeros(64, 10).t()) is None
-    with pytest.raises(ValueError, match="splits must be 1 to 64"):
-        cuda_kernels.gemm(bf16_zeros(8, 64), bf16_zeros(10, 64), 65)
-
-
-def test_gemm_splits_fill_the_sms():
-    """Qwen3-0.6B's o_proj (1,024 x 2,048) on 132 SMs: 16 rows are 8 tiles, 16 splits of 4
-    steps; 256 rows are 32 tiles, 4 splits; gate_up (6,144 columns) at 256 rows is 192 tiles
-    already: one split. Never a split shorter than 4 steps."""
-    assert cuda_kernels.gemm_splits(16, 1024, 2048, 132) == 16
-    assert cuda_kernels.gemm_splits(256, 1024, 2048, 132) == 4
-    assert cuda_kernels.gemm_splits(256, 6144, 1024, 132) == 1
-    assert cuda_kernels.gemm_splits(5, 64, 256, 132) == 2
-
-
 def decode_case(lengths: list[int], q_heads: int, kv_heads: int, head_dim: int,
                 dtype: torch.dtype, seed: int, device: str = "cpu") -> dict:
     """A pool, a page table whose rows hold scattered slots, and one decode token a request

@@ -1,7 +1,6 @@
 """Qwen3-0.6B's four projections at decode batch sizes 16-256 (issue 27): cuBLAS as F.linear
-calls it, cuBLAS through cublasLt, a plain Triton matmul at the best of a sweep of tile
-shapes, and chapter 19's GEMM (split-K on the tensor cores; --splits also times it at each
-of those split counts), each against the shape's bound.
+calls it, cuBLAS through cublasLt, and a plain Triton matmul at the best of a sweep of tile
+shapes, each against the shape's bound.
 
 At batch 256 a decode step spends about 0.79 GPU ms in the layers' matmuls (ch21_decode_profile
 _b256), where their FLOPs at the H200's peak and their weights at its bandwidth allow about
@@ -15,7 +14,6 @@ of --rounds (minisgl/benchmark/perf.py); the weights cycle through copies until 
 4 x the L2 (kernel_bench.py), as 28 layers' weights do.
 
     python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
-        [--splits 1 2 4 8 16] [--lm-head]
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 from kernel_bench import cycling, weight_copies  # noqa: E402
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
-from minisgl.kernel import cuda_kernels  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 PEAK_FLOPS, BANDWIDTH = 989e12, 4.8e12  # H200 bfloat16 dense, HBM3e (chapter 21's roofline)
@@ -82,24 +79,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hot", action="store_true",
                         help="one copy of each weight, in the L2 after the first call")
-    parser.add_argument("--no-triton", action="store_true", help="no Triton sweep")
-    parser.add_argument("--splits", type=int, nargs="*", default=[],
-                        help="also time our GEMM at each of these split counts")
-    parser.add_argument("--lm-head", action="store_true",
-                        help="the LM head (151,936 x 1,024) too, outside the per-layer sums")
+    parser.add_argument("--no-triton", action="store_true", help="cuBLAS only")
     args = parser.parse_args()
-    cuda_kernels.set_mode("auto")
-    shapes = SHAPES | ({"lm_head": (151936, 1024)} if args.lm_head else {})
     print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__} · triton "
           f"{triton.__version__} · bfloat16 · best of {args.rounds} x {args.iters} calls in a "
           "CUDA graph")
     print(f"{'projection':<8} {'rows':>4} {'bound µs':>9} {'F.linear':>9} {'cublasLt':>9} "
-          f"{'Triton':>8}  best tile (BM BN BK stages warps)  max |diff|  {'ours':>6} "
-          f"{'splits':>6} {'max |diff|':>10}" + "".join(f" {f'{s} splits':>9}" for s in args.splits))
-    per_layer = {rows: [0.0] * 5 for rows in args.rows}
+          f"{'Triton':>8}  best tile (BM BN BK stages warps)  max |diff|")
+    per_layer = {rows: [0.0, 0.0, 0.0, 0.0] for rows in args.rows}
     default_blas = torch.backends.cuda.preferred_blas_library()
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    for name, (n, k) in shapes.items():
+    for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
         weights = weight_copies(n, k, copies=1 if args.hot else None)
         for rows in args.rows:
@@ -126,24 +115,15 @@ def main() -> None:
             if best_config is not None:
                 triton_linear(x, weights[0], y, best_config)
                 diff = (y.float() - F.linear(x, weights[0]).float()).abs().max().item()
-            ours = best_microseconds(cycling([lambda w=w: cuda_kernels.gemm(x, w)
-                                              for w in weights]), args.iters, args.rounds)
-            ours_diff = (cuda_kernels.gemm(x, weights[0]).float()  # type: ignore[union-attr]
-                         - F.linear(x, weights[0]).float()).abs().max().item()
-            swept = [best_microseconds(cycling([lambda w=w, s=s: cuda_kernels.gemm(x, w, s)
-                                                for w in weights]), args.iters, args.rounds)
-                     for s in args.splits]
-            if name in SHAPES:
-                for i, t in enumerate((bound * 1e6, cublas, lt, best, ours)):
-                    per_layer[rows][i] += t
+            for i, t in enumerate((bound * 1e6, cublas, lt, best)):
+                per_layer[rows][i] += t
             print(f"{name:<8} {rows:>4} {bound * 1e6:>9.2f} {cublas:>9.2f} {lt:>9.2f} "
-                  f"{best:>8.2f}  {' '.join(map(str, best_config or ['-'])):<34} {diff:.4f}  "
-                  f"{ours:>6.2f} {cuda_kernels.gemm_splits(rows, n, k, sm_count):>6} "
-                  f"{ours_diff:>10.4f}" + "".join(f" {t:>9.2f}" for t in swept), flush=True)
+                  f"{best:>8.2f}  {' '.join(map(str, best_config or ['-'])):<34} {diff:.4f}",
+                  flush=True)
     print("the four per layer, x 28 layers (ms per decode step):")
-    for rows, (bound, cublas, lt, best, ours) in per_layer.items():
+    for rows, (bound, cublas, lt, best) in per_layer.items():
         print(f"  rows {rows:>4}: bound {bound * 28e-3:.3f}  F.linear {cublas * 28e-3:.3f}  "
-              f"cublasLt {lt * 28e-3:.3f}  Triton {best * 28e-3:.3f}  ours {ours * 28e-3:.3f}")
+              f"cublasLt {lt * 28e-3:.3f}  Triton {best * 28e-3:.3f}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ _SIGNATURES = {
     "minisgl_sample": [c_void_p] * 2 + [c_int64] + [c_void_p] + [c_int64] * 3 + [c_void_p]
     + [c_uint64] * 2 + [c_int, c_void_p],
     "minisgl_gemv": [c_void_p] * 3 + [c_int64] * 5 + [c_int, c_void_p],
-    "minisgl_gemm": [c_void_p] * 5 + [c_int64] * 6 + [c_void_p],
     "minisgl_decode_attention": [c_void_p] * 4 + [c_int64] * 2 + [c_void_p] * 3 + [c_int64]
     + [c_void_p] * 4 + [c_int64] * 4 + [c_float, c_void_p, c_void_p, c_int, c_void_p],
     "minisgl_decode_attention_plan": [c_void_p] * 2 + [c_int64] * 3 + [c_void_p],
@@ -220,68 +219,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Te
         y.data_ptr(), x.data_ptr(), weight.data_ptr(), x.shape[0], n_out, x.shape[1],
         x.stride(0), y.stride(0), int(gated), _stream(x))
     _check(code, "gemv")
-    return y
-
-
-GEMM_MAX_ROWS = 256  # a decode step's rows; a prefill's thousands are cuBLAS's
-GEMM_BLOCK_COLS = 128  # output columns of one block of gemm.cu
-GEMM_STEP = 32  # k a loop step of gemm.cu covers: k must be a multiple
-GEMM_MIN_STEPS = 4  # steps a split takes at least: fewer would cost more than they gain
-
-
-def gemm_splits(rows: int, n_out: int, k: int, sm_count: int) -> int:
-    """How many splits of k gemm.cu makes: enough that its blocks (tiles of rows and 128
-    columns, times splits) give every SM one, no split shorter than GEMM_MIN_STEPS steps."""
-    row_tile = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    tiles = -(-rows // row_tile) * -(-n_out // GEMM_BLOCK_COLS)
-    return max(1, min(sm_count // tiles, k // GEMM_STEP // GEMM_MIN_STEPS, 64))
-
-
-@cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-_gemm_arrived: dict[torch.device, torch.Tensor] = {}  # gemm.cu's counters, per device
-
-
-def gemm(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None
-         ) -> torch.Tensor | None:
-    """x @ weight.T in bfloat16 for x [rows, k] with 1 to GEMM_MAX_ROWS rows (weight
-    [n_out, k]) on the tensor cores, summed in float32, k cut into `splits` (by default
-    gemm_splits') whose sums are added in a fixed order. None when the kernel does not take
-    these tensors: another dtype, more rows, k not a multiple of GEMM_STEP, a weight that is
-    not contiguous, rows not 16-byte aligned, a GPU older than compute capability 8.0."""
-    rows, k = x.shape if x.dim() == 2 else (0, 0)
-    if not (x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and 0 < rows <= GEMM_MAX_ROWS and k == weight.shape[1] and k % GEMM_STEP == 0
-            and weight.is_contiguous() and x.stride(1) == 1 and x.stride(0) % 8 == 0
-            and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
-            and weight.shape[0] <= (1 << 16) // 4 * GEMM_BLOCK_COLS  # a counter per tile
-            and (not x.is_cuda or int(_arch(x.device.index)[3:]) >= 80)):
-        return None
-    n_out = weight.shape[0]
-    if splits is None:
-        splits = gemm_splits(rows, n_out, k, _sm_count(x.device) if x.is_cuda else 1)
-    if not 1 <= splits <= 64:
-        raise ValueError(f"gemm: splits must be 1 to 64, got {splits}")
-    partial = arrived = None
-    if splits > 1:
-        # One counter per tile, zero between launches (the last block of a tile resets it).
-        # Made outside a graph: a captured step has run eagerly first.
-        arrived = _gemm_arrived.get(x.device)
-        if arrived is None:
-            if x.is_cuda and torch.cuda.is_current_stream_capturing():
-                return None
-            arrived = _gemm_arrived.setdefault(
-                x.device, torch.zeros(1 << 16, dtype=torch.int32, device=x.device))
-        partial = torch.empty(splits * rows * n_out, dtype=torch.float32, device=x.device)
-    y = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
-    code = _library("gemm", x.device).minisgl_gemm(
-        y.data_ptr(), partial.data_ptr() if partial is not None else None,
-        arrived.data_ptr() if arrived is not None else None, x.data_ptr(), weight.data_ptr(),
-        rows, n_out, k, x.stride(0), y.stride(0), splits, _stream(x))
-    _check(code, "gemm")
     return y
 
 

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 
 SOURCES = Path(__file__).parent / "csrc"
-KERNELS = ("store", "index", "qk_norm_rope", "sample", "gemv", "gemm", "decode_attention")
+KERNELS = ("store", "index", "qk_norm_rope", "sample", "gemv", "decode_attention")
 CACHE_DIR = Path(os.environ.get("MINISGL_KERNEL_CACHE",
                                 Path.home() / ".cache" / "minisgl" / "kernels"))
 

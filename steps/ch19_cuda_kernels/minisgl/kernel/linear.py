@@ -9,12 +9,10 @@ from .activation import silu_and_mul
 
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias), as F.linear. A decode step multiplies a few hundred rows at
-    most by every weight of the model: chapter 19's GEMV streams the weight once for a few
-    rows instead of padding them up to cuBLAS's tiles, and its GEMM splits k over all SMs for
-    up to 256 rows; more rows (a prefill) are cuBLAS's."""
-    if cuda_kernels.target_for(x) and ((y := cuda_kernels.gemv(x, weight)) is not None
-                                       or (y := cuda_kernels.gemm(x, weight)) is not None):
+    """y = x @ weight.T (+ bias), as F.linear. A decode step of a few requests multiplies a
+    handful of rows by every weight of the model: chapter 19's GEMV streams the weight once
+    instead of padding the rows up to cuBLAS's tiles."""
+    if cuda_kernels.target_for(x) and (y := cuda_kernels.gemv(x, weight)) is not None:
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
@@ -26,4 +24,4 @@ def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     intermediate. Otherwise the matmul, then the activation op."""
     if cuda_kernels.target_for(x) and (y := cuda_kernels.gemv(x, weight, gated=True)) is not None:
         return y
-    return silu_and_mul(linear(x, weight))
+    return silu_and_mul(F.linear(x, weight))

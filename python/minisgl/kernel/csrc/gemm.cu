@@ -1,1 +1,0 @@
-../../../../steps/ch19_cuda_kernels/minisgl/kernel/csrc/gemm.cu
