@@ -32,7 +32,7 @@ import torch
 
 from minisgl.benchmark.roofline import (H200_BF16_PEAK, H200_COPY_BANDWIDTH, H200_HBM_BANDWIDTH,
                                        Hardware, ModelShape, PhaseRow, StepShape, aggregate,
-                                       step_cost)
+                                       decode_bucket, step_cost)
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine.engine import Launched
 from minisgl.llm import LLM
@@ -55,6 +55,10 @@ class Recording:
     steps: list[StepShape]
     seconds: list[float]  # measured, one per step
     wall_seconds: float  # the whole generate()
+    # On CUDA, how long the stream idled before each step: from the previous step's end to
+    # this one's start, the host not having launched it yet (0 for the first; on the CPU the
+    # host's time between the two launches). None in a --json written before it was recorded.
+    idle_before: list[float] | None = None
 
 
 def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> Recording:
@@ -98,9 +102,12 @@ def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
         del engine.launch  # the class's method again
     if cuda:
         torch.cuda.synchronize(engine.device)
-    seconds = [a.elapsed_time(b) / 1e3 if cuda else b - a  # type: ignore[operator,union-attr]
-               for a, b in stamps]
-    return Recording([StepShape.of(p, lens) for p, lens in lengths], seconds, wall)
+    def between(a: Stamp, b: Stamp) -> float:
+        return a.elapsed_time(b) / 1e3 if cuda else b - a  # type: ignore[operator,union-attr]
+
+    seconds = [between(a, b) for a, b in stamps]
+    idle = [0.0] + [between(end, start) for (_, end), (start, _) in zip(stamps, stamps[1:])]
+    return Recording([StepShape.of(p, lens) for p, lens in lengths], seconds, wall, idle)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,10 +132,11 @@ class Run:
 
     def to_json(self, hw: Hardware) -> dict[str, Any]:
         steps = []
-        for step, measured in zip(self.recording.steps, self.recording.seconds):
+        idle = self.recording.idle_before or [None] * len(self.recording.steps)
+        for step, measured, before in zip(self.recording.steps, self.recording.seconds, idle):
             cost = step_cost(self.shape, step, self.dtype_bytes)
             steps.append({**asdict(step), "measured_s": measured, **asdict(cost),
-                          "bound_s": cost.bound(hw)})
+                          "bound_s": cost.bound(hw), "idle_before_s": before})
         return {"workload": self.workload, "model": self.model, "device": self.device,
                 "dtype": self.dtype, "prompt_tokens": self.prompt_tokens,
                 "output_tokens": self.output_tokens, "shape": asdict(self.shape),
@@ -145,7 +153,9 @@ class Run:
     def from_json(cls, data: dict[str, Any]) -> Run:
         names = StepShape.__dataclass_fields__
         steps = [StepShape(**{k: s[k] for k in names}) for s in data["steps"]]
-        recording = Recording(steps, [s["measured_s"] for s in data["steps"]], data["wall_s"])
+        idle = [s.get("idle_before_s") for s in data["steps"]]
+        recording = Recording(steps, [s["measured_s"] for s in data["steps"]], data["wall_s"],
+                              None if None in idle else idle)
         return cls(data["workload"], data["model"], data["device"], data["dtype"],
                    data["prompt_tokens"], data["output_tokens"], ModelShape(**data["shape"]),
                    data["dtype_bytes"], recording)
@@ -182,7 +192,30 @@ def print_table(run: Run, hw: Hardware) -> list[PhaseRow]:
         cells = [name, f"{r.steps:,}", f"{r.tokens:,}", ms(r.measured_s), ms(r.bound_s),
                  f"{r.ratio:,.2f}x", ms(r.memory_s), ms(r.compute_s), binds(r)]
         print("  " + "".join(pad(c, w) for c, w in zip(cells, widths)))
+    if recording.idle_before is not None:
+        print_idle(recording)
     return rows
+
+
+def print_idle(recording: Recording) -> None:
+    """Where the time between steps goes: the stream's idle time before the steps of each
+    phase (and batch-size bucket), and what is left before the first and after the last."""
+    idle: dict[tuple[int, str], list[float]] = {}
+    for step, before in zip(recording.steps, recording.idle_before or []):
+        key = (-1, "prefill") if step.phase == "prefill" else decode_bucket(step.requests)
+        idle.setdefault(key, []).append(before)
+    total = sum(recording.idle_before or [])
+    outside = recording.wall_seconds - sum(recording.seconds) - total
+    print(f"步与步之间：步前空闲合计 {total:.3f} s（GPU 上是引擎的 stream 等主机发射的时间），"
+          f"第一步之前和最后一步之后 {outside:.3f} s")
+    header = ["步前空闲", "步数", "合计 ms", "最长 ms", "超过 0.1 ms 的步"]
+    widths = [21, 7, 11, 11, 0]
+    print("  " + "".join(pad(h, w) for h, w in zip(header, widths)))
+    for (_, name), values in sorted(idle.items()):
+        cells = [name if name == "prefill" else f"decode，批 {name}", f"{len(values):,}",
+                 f"{1e3 * sum(values):,.1f}", f"{1e3 * max(values):,.2f}",
+                 f"{sum(v > 1e-4 for v in values):,}"]
+        print("  " + "".join(pad(c, w) for c, w in zip(cells, widths)))
 
 
 def plot(rows: list[PhaseRow], hw: Hardware, path: str) -> None:

@@ -58,6 +58,13 @@ def test_recorder_sees_every_computed_token_once():
     assert len(recording.seconds) == len(recording.steps)
     assert all(s > 0 for s in recording.seconds)
     assert sum(recording.seconds) <= recording.wall_seconds
+    # Between the steps: the first has nothing before it; on the CPU each later gap is the
+    # host's time from one launch's end to the next's start (processing, scheduling), and the
+    # steps and the gaps together fit in generate()'s wall time.
+    idle = recording.idle_before
+    assert idle is not None and len(idle) == len(recording.steps) and idle[0] == 0
+    assert all(i > 0 for i in idle[1:])
+    assert sum(recording.seconds) + sum(idle) <= recording.wall_seconds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,6 +85,7 @@ def test_table_and_json(saved_run):
     path, printed = saved_run
     assert "3 个请求" in printed and "实测/下界" in printed
     assert "prefill" in printed and "decode，批 1" in printed
+    assert "步前空闲合计" in printed and "超过 0.1 ms 的步" in printed
     data = json.loads(path.read_text())
     assert {"workload", "model", "device", "dtype", "prompt_tokens", "output_tokens", "shape",
             "dtype_bytes", "hardware", "parameters", "weight_bytes_per_step",
@@ -87,7 +95,7 @@ def test_table_and_json(saved_run):
     for step in data["steps"]:
         bytes_ = step["weight_bytes"] + step["kv_bytes"]
         assert step["bound_s"] == max(bytes_ / hw["bandwidth"], step["flops"] / hw["peak_flops"])
-        assert step["bound_s"] > 0 and step["measured_s"] > 0
+        assert step["bound_s"] > 0 and step["measured_s"] > 0 and step["idle_before_s"] >= 0
     phases = data["phases"]
     assert phases[0]["phase"] == "prefill"
     assert sum(p["steps"] for p in phases) == len(data["steps"])

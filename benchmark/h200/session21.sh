@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# 2026-12-04, session 21's H200 call on issue 27. The decode step's projections took cuBLAS
-# 0.69-0.79 ms at every batch size, about 3x what their weights and FLOPs need
-# (ch21_gemm_shapes_s18). Commit a94908e gave chapter 19 its own GEMM for 5-256 rows
-# (gemm.cu: split-K over all SMs, tensor cores, weights loaded under PDL); this call measured it
-# and it was slower everywhere, so it was taken out (ch19 "试过、没有留下的第三处"). The script
-# runs on that commit (`git checkout a94908e`): later trees have no gemm.cu and no --splits.
-#   one     a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: d8662af,
-#           `git archive d8662af python benchmark tools tests steps | tar -x -C .dev/old`):
+# 2026-12-04, session 21's H200 calls on issue 27.
+#   one     (run at a94908e: `git checkout a94908e`; later trees have no gemm.cu and no
+#           --splits) The decode step's projections took cuBLAS 0.69-0.79 ms at every batch
+#           size, about 3x what their weights and FLOPs need (ch21_gemm_shapes_s18); a94908e
+#           gave chapter 19 its own GEMM for 5-256 rows (gemm.cu: split-K over all SMs, tensor
+#           cores, weights loaded under PDL). It was slower everywhere and was taken out (ch19
+#           "试过、没有留下的第三处"). A fresh machine, carry [".whl", ".dev/smol-tok",
+#           ".dev/old"] (.dev/old: d8662af, `git archive d8662af python benchmark tools tests
+#           steps | tar -x -C .dev/old`):
 #           the GEMM's and GEMV's GPU tests; gemm_shapes.py with our column and a sweep of
 #           split counts, the LM head too; decode_profile.py at batch 16 and 256, both trees.
+#   two     a fresh machine, carry [".whl", ".dev/smol-tok"]: where the time between steps
+#           goes on this host (0.24-0.52 s of the workload in sessions 19-20): roofline.py now
+#           records the stream's idle time before every step, by phase; host_probe.py times
+#           the garbage collector during the workload (and with gc.freeze()) and the final
+#           detokenization.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session21.sh one}
+part=${1:?usage: session21.sh one|two}
 source benchmark/h200/setup.sh
 R=$OUT/s21-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -32,4 +38,10 @@ one)
         timeout 60 $OLD/decode_profile.py $profile > $R/profile_b${batch}_before.txt 2>&1
         grep -h -A1 "batch  " $R/profile_b$batch*.txt
     done ;;
+two)
+    { host_speed; timeout 150 python3 benchmark/roofline.py --device cuda --model $M \
+        --workload official --json $R/roofline.json; } > $R/roofline.txt 2>&1
+    tail -n 22 $R/roofline.txt
+    timeout 200 python3 benchmark/h200/host_probe.py --model $M > $R/host_probe.txt 2>&1
+    tail -n 8 $R/host_probe.txt ;;
 esac
