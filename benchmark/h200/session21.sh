@@ -15,9 +15,12 @@
 #           records the stream's idle time before every step, by phase; host_probe.py times
 #           the garbage collector during the workload (and with gc.freeze()) and the final
 #           detokenization.
+#   ablate  a fresh machine, carry [".whl", ".dev/smol-tok"]: chapter 21's ablation table on this
+#           tree (one round each, transformers last), as session12.sh's was at d1c15ee.
+#   timeline the same warm machine, no carry: the overlap timeline at batch 256 and 16.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session21.sh one|two}
+part=${1:?usage: session21.sh one|two|ablate|timeline}
 source benchmark/h200/setup.sh
 R=$OUT/s21-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -44,4 +47,16 @@ two)
     tail -n 22 $R/roofline.txt
     timeout 200 python3 benchmark/h200/host_probe.py --model $M > $R/host_probe.txt 2>&1
     tail -n 8 $R/host_probe.txt ;;
+ablate)
+    host_speed > $R/offline.txt
+    timeout 480 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+        --ablate overlap cuda-graph custom-kernels radix page-16 --json $R/offline.json \
+        --plot $R/offline.png >> $R/offline.txt 2>&1
+    tail -n 12 $R/offline.txt ;;
+timeline)
+    for b in 256 16; do
+        { host_speed; timeout 120 python3 benchmark/timeline.py --device cuda --model $M \
+            --batch $b --json $R/timeline_b$b.json; } > $R/timeline_b$b.txt 2>&1
+        tail -n 8 $R/timeline_b$b.txt
+    done ;;
 esac
