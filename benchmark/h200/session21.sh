@@ -18,9 +18,13 @@
 #   ablate  a fresh machine, carry [".whl", ".dev/smol-tok"]: chapter 21's ablation table on this
 #           tree (one round each, transformers last), as session12.sh's was at d1c15ee.
 #   timeline the same warm machine, no carry: the overlap timeline at batch 256 and 16.
+#   attn    a fresh machine, carry [".whl", ".dev/smol-tok"]: decode attention alone (one layer,
+#           replayed back to back in a graph) against its share of a whole decode step
+#           (decode_profile.py), the same uniform contexts of 700 tokens, batch 64, 128, 256:
+#           does the kernel read slower inside the step than alone?
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session21.sh one|two|ablate|timeline}
+part=${1:?usage: session21.sh one|two|ablate|timeline|attn}
 source benchmark/h200/setup.sh
 R=$OUT/s21-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -58,5 +62,14 @@ timeline)
         { host_speed; timeout 120 python3 benchmark/timeline.py --device cuda --model $M \
             --batch $b --json $R/timeline_b$b.json; } > $R/timeline_b$b.txt 2>&1
         tail -n 8 $R/timeline_b$b.txt
+    done ;;
+attn)
+    { host_speed; timeout 200 python3 benchmark/h200/decode_attention.py --graph \
+        --batch 64 128 256 --context 700 --page-size 256; } > $R/attention.txt 2>&1
+    cat $R/attention.txt
+    for batch in 64 128 256; do
+        timeout 100 python3 benchmark/decode_profile.py --attn flashinfer --batch $batch \
+            --prompt-len 700 --page-size 256 --temperature 0.6 --top 4 > $R/profile_b$batch.txt 2>&1
+        grep -h -A6 "batch  " $R/profile_b$batch.txt
     done ;;
 esac
