@@ -22,9 +22,14 @@
 #           replayed back to back in a graph) against its share of a whole decode step
 #           (decode_profile.py), the same uniform contexts of 700 tokens, batch 64, 128, 256:
 #           does the kernel read slower inside the step than alone?
+#   waves   a fresh machine, carry [".whl", ".dev/smol-tok"]: if what the step loses is the
+#           attention's tail (the o projection after it cannot start early), shorter chunks
+#           should lose less: decode_profile.py at batch 256 and 64 with the plan told that a
+#           wave holds 1x, 2x, 4x the chunks it does (cuda_kernels.decode_attention_items_per_wave
+#           scaled in the process, no library change).
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session21.sh one|two|ablate|timeline|attn}
+part=${1:?usage: session21.sh one|two|ablate|timeline|attn|waves}
 source benchmark/h200/setup.sh
 R=$OUT/s21-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -72,4 +77,22 @@ attn)
             --prompt-len 700 --page-size 256 --temperature 0.6 --top 4 > $R/profile_b$batch.txt 2>&1
         grep -h -A6 "batch  " $R/profile_b$batch.txt
     done ;;
+waves)
+    host_speed > $R/waves.txt
+    for batch in 256 64; do
+        for scale in 1 2 4; do
+            echo "\$ decode_profile.py --batch $batch, items per wave x $scale" >> $R/waves.txt
+            timeout 80 python3 -c "
+import runpy, sys
+sys.path.insert(0, 'benchmark')  # decode_profile.py imports its neighbours
+from minisgl.kernel import cuda_kernels
+per_wave = cuda_kernels.decode_attention_items_per_wave
+cuda_kernels.decode_attention_items_per_wave = lambda *a: $scale * per_wave(*a)
+sys.argv = ['decode_profile.py', '--attn', 'flashinfer', '--batch', '$batch', '--prompt-len',
+            '700', '--page-size', '256', '--temperature', '0.6', '--top', '3']
+runpy.run_path('benchmark/decode_profile.py', run_name='__main__')" 2>&1 \
+                | grep -A5 "batch  " >> $R/waves.txt
+        done
+    done
+    cat $R/waves.txt ;;
 esac
