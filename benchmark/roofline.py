@@ -8,8 +8,10 @@ max(字节 / 带宽, 浮点运算 / 峰值算力)。这套算术在包里：mini
 
 引擎每发射一步（Engine.launch）记一次：GPU 上在引擎的 stream 上前后各记一个 CUDA event，跑完再
 统一读出（不逐步同步，以免改变被测的东西），CPU 上用 perf_counter。汇总成 prefill 一行、decode 按
-batch 大小分桶各一行：步数、实测、下界、实测/下界、受限于访存还是算力。--json 存下所有数字（含每一
-步），--from-json 用它重算（比如换 --bandwidth），不必再跑；--plot 画柱状图（要 matplotlib）。
+batch 大小分桶各一行：步数、实测、下界、实测/下界、受限于访存还是算力。步与步之间也按阶段分开：
+每一步之前引擎的 stream 空等了多久（主机还没把这一步发出来），其余在第一步之前、最后一步之后。
+--json 存下所有数字（含每一步），--from-json 用它重算（比如换 --bandwidth），不必再跑；--plot
+画柱状图（要 matplotlib）。
 
     python benchmark/roofline.py                                   # CPU，tiny-qwen3，4 个请求
     python benchmark/roofline.py --device cuda --model models/qwen3-0.6b-random \\
@@ -102,6 +104,7 @@ def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
         del engine.launch  # the class's method again
     if cuda:
         torch.cuda.synchronize(engine.device)
+
     def between(a: Stamp, b: Stamp) -> float:
         return a.elapsed_time(b) / 1e3 if cuda else b - a  # type: ignore[operator,union-attr]
 
