@@ -27,9 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
-from minisgl.core import SamplingParams  # noqa: E402
-from minisgl.llm import LLM  # noqa: E402
-from offline import official_workload  # noqa: E402
+from workload_profile import official_llm  # noqa: E402
 
 
 class Collections:
@@ -59,13 +57,8 @@ def main() -> int:
     parser.add_argument("--model", default="models/qwen3-0.6b-random")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    prompts, output_lens = official_workload()
-    llm = LLM(args.model, dtype=torch.bfloat16, max_running_req=len(prompts), page_size=256,
-              max_seq_len_override=4096, max_prefill_length=16384, device="cuda")
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6)
-              for n in output_lens]
-    llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
-                 progress=False)
+    llm, prompts, params = official_llm(args.model)
+    tokens = sum(p.max_tokens for p in params)
     shifts = itertools.count(1)
     outputs: list[list[int]] = []
 
@@ -80,7 +73,7 @@ def main() -> int:
         wall = time.perf_counter() - start
         gc.callbacks.remove(collections)
         outputs[:] = [o["token_ids"] for o in outs]
-        print(f"{label:<14} 墙钟 {wall:.3f} s，{sum(output_lens) / wall:,.0f} token/s；"
+        print(f"{label:<14} 墙钟 {wall:.3f} s，{tokens / wall:,.0f} token/s；"
               f"{collections.summary()}", flush=True)
 
     print(f"gc 的阈值 {gc.get_threshold()}，启动后被跟踪的对象 {len(gc.get_objects()):,} 个")

@@ -42,21 +42,27 @@ from timeline import merge, total  # noqa: E402
 import pyspy  # noqa: E402
 
 
+def official_llm(model: str, requests: int | None = None
+                 ) -> tuple[LLM, list[list[int]], list[SamplingParams]]:
+    """An LLM set up as benchmark/offline.py runs the official workload, warmed up, with the
+    workload's (first `requests`) prompts and sampling parameters."""
+    prompts, output_lens = official_workload()
+    prompts, output_lens = prompts[:requests], output_lens[:requests]
+    llm = LLM(model, dtype=torch.bfloat16, max_running_req=len(prompts), page_size=256,
+              max_seq_len_override=4096, max_prefill_length=16384, device="cuda")
+    llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
+                 progress=False)
+    return llm, prompts, [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6)
+                          for n in output_lens]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/qwen3-0.6b-random")
     parser.add_argument("--out", default=".", help="where py-spy's raw stacks go")
     parser.add_argument("--requests", type=int, default=None, help="the first N requests only")
     args = parser.parse_args()
-    prompts, output_lens = official_workload()
-    prompts, output_lens = prompts[: args.requests], output_lens[: args.requests]
-    llm = LLM(args.model, dtype=torch.bfloat16, max_running_req=len(prompts), page_size=256,
-              max_seq_len_override=4096, max_prefill_length=16384, device="cuda")
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.6)
-              for n in output_lens]
-    llm.generate([prompts[0][:50]], SamplingParams(max_tokens=4, ignore_eos=True),
-                 progress=False)
-
+    llm, prompts, params = official_llm(args.model, args.requests)
     once = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.6)] * len(prompts)
     runs = itertools.count(1)
 
