@@ -34,7 +34,7 @@ import torch
 
 from minisgl.benchmark.roofline import (H200_BF16_PEAK, H200_COPY_BANDWIDTH, H200_HBM_BANDWIDTH,
                                        Hardware, ModelShape, PhaseRow, StepShape, aggregate,
-                                       decode_bucket, step_cost)
+                                       phase_key, step_cost)
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine.engine import Launched
 from minisgl.llm import LLM
@@ -191,31 +191,34 @@ def print_table(run: Run, hw: Hardware) -> list[PhaseRow]:
         return f"{1e3 * seconds:,.1f}"
 
     for r in rows:
-        name = "prefill" if r.phase == "prefill" else f"decode，批 {r.batch_sizes}"
-        cells = [name, f"{r.steps:,}", f"{r.tokens:,}", ms(r.measured_s), ms(r.bound_s),
-                 f"{r.ratio:,.2f}x", ms(r.memory_s), ms(r.compute_s), binds(r)]
+        cells = [phase_name(r.batch_sizes), f"{r.steps:,}", f"{r.tokens:,}", ms(r.measured_s),
+                 ms(r.bound_s), f"{r.ratio:,.2f}x", ms(r.memory_s), ms(r.compute_s), binds(r)]
         print("  " + "".join(pad(c, w) for c, w in zip(cells, widths)))
     if recording.idle_before is not None:
-        print_idle(recording)
+        print_idle(recording, recording.idle_before)
     return rows
 
 
-def print_idle(recording: Recording) -> None:
+def phase_name(batch_sizes: str) -> str:
+    """A row's name: a decode bucket's batch sizes, or "" for prefill (PhaseRow.batch_sizes)."""
+    return f"decode，批 {batch_sizes}" if batch_sizes else "prefill"
+
+
+def print_idle(recording: Recording, idle_before: list[float]) -> None:
     """Where the time between steps goes: the stream's idle time before the steps of each
     phase (and batch-size bucket), and what is left before the first and after the last."""
     idle: dict[tuple[int, str], list[float]] = {}
-    for step, before in zip(recording.steps, recording.idle_before or []):
-        key = (-1, "prefill") if step.phase == "prefill" else decode_bucket(step.requests)
-        idle.setdefault(key, []).append(before)
-    total = sum(recording.idle_before or [])
+    for step, before in zip(recording.steps, idle_before, strict=True):
+        idle.setdefault(phase_key(step), []).append(before)
+    total = sum(idle_before)
     outside = recording.wall_seconds - sum(recording.seconds) - total
     print(f"步与步之间：步前空闲合计 {total:.3f} s（GPU 上是引擎的 stream 等主机发射的时间），"
           f"第一步之前和最后一步之后 {outside:.3f} s")
     header = ["步前空闲", "步数", "合计 ms", "最长 ms", "超过 0.1 ms 的步"]
     widths = [21, 7, 11, 11, 0]
     print("  " + "".join(pad(h, w) for h, w in zip(header, widths)))
-    for (_, name), values in sorted(idle.items()):
-        cells = [name if name == "prefill" else f"decode，批 {name}", f"{len(values):,}",
+    for (_, batch_sizes), values in sorted(idle.items()):
+        cells = [phase_name(batch_sizes), f"{len(values):,}",
                  f"{1e3 * sum(values):,.1f}", f"{1e3 * max(values):,.2f}",
                  f"{sum(v > 1e-4 for v in values):,}"]
         print("  " + "".join(pad(c, w) for c, w in zip(cells, widths)))

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Con
 from conftest import MODELS_DIR, SMOLLM2
 from minisgl.benchmark.perf import best_microseconds
 from minisgl.benchmark.roofline import (Cost, Hardware, ModelShape, StepShape, aggregate,
-                                        decode_bucket, step_cost)
+                                        decode_bucket, phase_key, step_cost)
 from minisgl.models import ModelConfig
 from processes import run_example
 
@@ -124,6 +124,9 @@ def test_aggregate_puts_prefill_first_then_decode_by_bucket():
     assert rows[1].memory_bound_steps == 2 and rows[1].ratio == 7.0 / rows[1].bound_s
     with pytest.raises(ValueError):  # a time for every step, no more, no less
         aggregate(steps, [1.0], shape, 2, hw)
+    # The rows' keys, which benchmark/roofline.py's idle table groups by too: prefill sorts first.
+    assert sorted(map(phase_key, steps)) == [(-1, ""), decode_bucket(1), decode_bucket(1),
+                                             decode_bucket(9)]
 
 
 # --- perf.best_microseconds -------------------------------------------------------------------

@@ -184,6 +184,12 @@ class PhaseRow:
         self.memory_bound_steps += cost.memory_bound(hw)
 
 
+def phase_key(step: StepShape) -> tuple[int, str]:
+    """The row a step is summed into, in the order rows are reported: (-1, "") for prefill,
+    first; a decode step its batch-size bucket (decode_bucket)."""
+    return (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
+
+
 def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, dtype_bytes: int,
               hw: Hardware) -> list[PhaseRow]:
     """Prefill first, then decode by batch size. A prefill step computes prompt tokens (chunks
@@ -191,7 +197,7 @@ def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, d
     batch); a decode step only the latter."""
     rows: dict[tuple[int, str], PhaseRow] = {}
     for step, measured in zip(steps, seconds, strict=True):
-        key = (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
+        key = phase_key(step)
         row = rows.setdefault(key, PhaseRow(step.phase, key[1]))
         row.add(step, measured, step_cost(model, step, dtype_bytes), hw)
     return [rows[key] for key in sorted(rows)]
