@@ -80,17 +80,23 @@ def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
     assert replays == [(3, 4)] * 4
 
 
-def test_with_overlap_the_batch_in_flight_is_read_before_a_prefill_is_launched(monkeypatch):
-    # A decode graph launches in no time: the next decode batch is launched first, then the
-    # one in flight read (overlap). An eager prefill's launch takes as long as its compute:
-    # the batch in flight is read first, so its tokens do not wait for that launch.
-    s = make_scheduler(TINY_QWEN3, overlap=True, cuda_graph="emulate")
+def recorded_order(monkeypatch, s) -> list[tuple[str, str]]:
+    """The scheduler's launches and reads, in order, as (what, phase)."""
     events: list[tuple[str, str]] = []
     launch, process = s._launch, s._process
     monkeypatch.setattr(s, "_launch", lambda batch: events.append(("launch", batch.phase))
                         or launch(batch))
     monkeypatch.setattr(s, "_process", lambda done, next_reqs: events.append(
         ("read", done.batch.phase)) or process(done, next_reqs))
+    return events
+
+
+def test_with_overlap_a_decode_in_flight_is_read_before_a_prefill_is_launched(monkeypatch):
+    # A decode graph launches in no time: the next decode batch is launched first, then the
+    # one in flight read (overlap). An eager prefill's launch takes as long as its compute:
+    # a decode batch in flight is read first, so its tokens do not wait for that launch.
+    s = make_scheduler(TINY_QWEN3, overlap=True, cuda_graph="emulate")
+    events = recorded_order(monkeypatch, s)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     s.add_request(0, [1, 2, 3], params)
     for step in range(4):
@@ -101,6 +107,27 @@ def test_with_overlap_the_batch_in_flight_is_read_before_a_prefill_is_launched(m
                       ("launch", "decode"), ("read", "prefill"),
                       ("read", "decode"), ("launch", "prefill"),  # request 0 rides along
                       ("launch", "decode"), ("read", "prefill")]
+
+
+def test_with_overlap_a_prefill_in_flight_is_read_after_the_next_prefill_is_launched(
+        monkeypatch):
+    # A prefill in flight computes about as long as the next one's launch takes: launching
+    # first keeps the device busy, and its tokens are not held back. Here a 10-token prompt
+    # in chunks of 4, and a second prompt admitted with its last chunk.
+    s = make_scheduler(TINY_QWEN3, overlap=True, cuda_graph="emulate", max_prefill_length=4)
+    events = recorded_order(monkeypatch, s)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    s.add_request(0, list(range(1, 11)), params)
+    s.add_request(1, [4, 5], params)
+    outputs = []
+    while s.has_work:
+        outputs += s.step()
+    assert events[:6] == [("launch", "prefill"),  # tokens 0-3 of request 0
+                          ("launch", "prefill"), ("read", "prefill"),  # 4-7
+                          ("launch", "prefill"), ("read", "prefill"),  # 8-9, and request 1
+                          ("launch", "decode")]
+    assert sorted((o.uid, o.finished) for o in outputs) == [(0, False), (0, False), (0, True),
+                                                            (1, False), (1, False), (1, True)]
 
 
 def forgetful_replay(skip: str):

@@ -11,7 +11,10 @@ positions every time): the GPU's time for the step's forward, no host, no profil
 difference over the layers is what a layer's attention costs inside the step; next to it, the
 kernel alone on the same contexts, as decode_attention.py times it.
 
-    python benchmark/h200/attention_share.py [--batch 64 256] [--prompt-len 700]
+    python benchmark/h200/attention_share.py [--batch 256] [--prompt-len 700]
+
+One batch a process (session22.sh runs three), each engine with a pool of its own size: a later
+engine of a process, sized by free memory, found less of it than the first.
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
             return forward(self, q, k, v, layer_id, batch_)
         backend.forward = no_decode_attention  # type: ignore[method-assign]
     try:
+        # A fixed pool, as large as the batch needs: sized by free memory, the second engine of
+        # a process got what the first left and fewer requests fit (session 22's first runs).
         llm = LLM(model, dtype=torch.bfloat16, max_running_req=batch, page_size=256,
-                  max_seq_len_override=prompt_len + 512, device="cuda")
+                  max_seq_len_override=prompt_len + 512, device="cuda",
+                  num_page_override=batch * -(-(prompt_len + 512) // 256))
     finally:
         backend.forward = forward  # type: ignore[method-assign]
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
@@ -58,6 +64,10 @@ def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
     for _ in range(5):
         scheduler.step()
     contexts = [r.device_len for r in scheduler.in_flight.batch.reqs]  # type: ignore[union-attr]
+    # Session 22's first run measured "batch 256" with 64 requests in flight: fewer fit in
+    # the pool of a later engine of the process. This says if it happens again.
+    if len(contexts) != batch:
+        raise RuntimeError(f"{len(contexts)} requests in flight, not {batch}")
     torch.cuda.synchronize()
     graph = scheduler.engine.graphs.graphs[batch]  # type: ignore[union-attr]
     with torch.cuda.stream(scheduler.engine.stream):
@@ -79,15 +89,18 @@ def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/qwen3-0.6b-random")
-    parser.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--batch", type=int, nargs="+", default=[256])
     parser.add_argument("--prompt-len", type=int, default=700)
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--no-header", dest="header", action="store_false",
+                        help="rows only: for the processes after the first")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}；每个请求 {args.prompt_len} 个 token 的提示词，"
-          f"page_size 256；decode 图背靠背回放 {args.replays} 次的 GPU 时间（毫秒/步，微秒/层）")
-    print(f"{'batch':>6}{'上下文':>9}{'整步':>9}{'去掉注意力':>12}{'差/层 µs':>10}"
-          f"{'单独 µs':>9}{'差/单独':>9}")
+    if args.header:
+        print(f"{torch.cuda.get_device_name()}；每个请求 {args.prompt_len} 个 token 的提示词，"
+              f"page_size 256；decode 图背靠背回放 {args.replays} 次的 GPU 时间（毫秒/步，微秒/层）")
+        print(f"{'batch':>6}{'上下文':>9}{'整步':>9}{'去掉注意力':>12}{'差/层 µs':>10}"
+              f"{'单独 µs':>9}{'差/单独':>9}")
     for batch in args.batch:
         with_attention, contexts = graph_ms(args.model, batch, args.prompt_len, args.replays, True)
         without, _ = graph_ms(args.model, batch, args.prompt_len, args.replays, False)

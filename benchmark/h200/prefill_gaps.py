@@ -8,16 +8,23 @@ the engine's phases wrapped in profiler ranges (instance attributes shadow the m
 library is not changed), and attributes every GPU gap longer than --gap microseconds to what the
 host was doing at its middle: the innermost of our ranges, and the innermost host op.
 
-    python benchmark/h200/prefill_gaps.py [--model models/qwen3-0.6b-random]
+The profiler slows the host down. --no-profiler times the same phases with the host's clock
+instead (each phase's inclusive time summed over the prefill steps, and how long the host
+waited for the device in them): whether, without it, the host or the device sets the pace.
+
+    python benchmark/h200/prefill_gaps.py [--model models/qwen3-0.6b-random] [--no-profiler]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import time
 from collections import defaultdict
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.autograd import DeviceType
@@ -25,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
-from timeline import RangedEvent, merge, ranged, total  # noqa: E402
+from timeline import merge, total  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
 
 # Our ranges, outermost first: a gap is charged to the innermost one around its middle.
@@ -33,10 +40,48 @@ PHASES = ("step", "schedule", "process", "wait", "launch", "allocate", "engine.l
           "plan", "sampler.prepare", "forward", "sample", "cache_req")
 
 
-def instrument(scheduler: Any) -> list[str]:
-    """Wrap the phases in ranges; returns the list that collects each launched batch's phase."""
+Span = Callable[[str], AbstractContextManager[Any]]
+
+
+class HostClock:
+    """Inclusive host seconds by phase, without a profiler."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+class WaitSpan:
+    """A batch's `done` event whose synchronize() is a span: the host waiting for the device."""
+
+    def __init__(self, event: Any, span: Span) -> None:
+        self.event, self.span = event, span
+
+    def synchronize(self) -> None:
+        with self.span("wait"):
+            self.event.synchronize()
+
+
+def instrument(scheduler: Any, span: Span) -> list[str]:
+    """Wrap the phases in `span`s (profiler ranges, or a HostClock); returns the list that
+    collects each launched batch's phase."""
     engine, phases = scheduler.engine, []
-    launch = ranged("launch", scheduler._launch)
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with span(name):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    launch = wrap("launch", scheduler._launch)
 
     def noted_launch(batch: Any) -> Any:
         phases.append(f"{batch.phase} {batch.size}")
@@ -44,23 +89,40 @@ def instrument(scheduler: Any) -> list[str]:
 
     process = scheduler._process
 
-    def ranged_process(done: Any, next_reqs: Any) -> Any:
-        with record_function("process"):
-            return process(done._replace(done=RangedEvent(done.done)), next_reqs)
+    def spanned_process(done: Any, next_reqs: Any) -> Any:
+        with span("process"):
+            return process(done._replace(done=WaitSpan(done.done, span)), next_reqs)
 
-    scheduler.step = ranged("step", scheduler.step)
-    scheduler._schedule = ranged("schedule", scheduler._schedule)
-    scheduler._launch, scheduler._process = noted_launch, ranged_process
-    scheduler._cache_req = ranged("cache_req", scheduler._cache_req)
-    scheduler.cache.allocate = ranged("allocate", scheduler.cache.allocate)
-    engine.launch = ranged("engine.launch", engine.launch)
-    engine.attn_backend.prepare_metadata = ranged("plan", engine.attn_backend.prepare_metadata)
-    engine.sampler.prepare = ranged("sampler.prepare", engine.sampler.prepare)
-    engine.model.forward = ranged("forward", engine.model.forward)
-    engine._sample = ranged("sample", engine._sample)
+    scheduler.step = wrap("step", scheduler.step)
+    scheduler._schedule = wrap("schedule", scheduler._schedule)
+    scheduler._launch, scheduler._process = noted_launch, spanned_process
+    scheduler._cache_req = wrap("cache_req", scheduler._cache_req)
+    scheduler.cache.allocate = wrap("allocate", scheduler.cache.allocate)
+    engine.launch = wrap("engine.launch", engine.launch)
+    engine.attn_backend.prepare_metadata = wrap("plan", engine.attn_backend.prepare_metadata)
+    engine.sampler.prepare = wrap("sampler.prepare", engine.sampler.prepare)
+    engine.model.forward = wrap("forward", engine.model.forward)
+    engine._sample = wrap("sample", engine._sample)
     if engine.graphs is not None:
-        engine.graphs.replay = ranged("forward", engine.graphs.replay)
+        engine.graphs.replay = wrap("forward", engine.graphs.replay)
     return phases
+
+
+def host_clock_report(scheduler: Any) -> None:
+    """The prefill steps once more, on the host's clock alone."""
+    clock = HostClock()
+    phases = instrument(scheduler, clock)
+    start = time.perf_counter()
+    while scheduler.prefill.runnable:
+        scheduler.step()
+    torch.cuda.synchronize()  # the last prefill's device work is part of the phase
+    wall = time.perf_counter() - start
+    print(f"官方负载的 {len(phases)} 个 prefill 步（{', '.join(phases)}），不开 profiler，"
+          f"主机的时钟；{torch.cuda.get_device_name()}")
+    print(f"  墙钟 {wall * 1e3:.1f} ms；主机在 process 里等 GPU 合计 "
+          f"{clock.seconds['wait'] * 1e3:.1f} ms。各阶段（含嵌套在里面的阶段）合计：")
+    for name in PHASES:
+        print(f"  {name:<18}{clock.seconds[name] * 1e3:>9.1f} ms")
 
 
 def innermost(ranges: list[tuple[float, float, str]], at: float,
@@ -77,12 +139,18 @@ def main() -> int:
     parser.add_argument("--decode-steps", type=int, default=3)
     parser.add_argument("--gap", type=float, default=20.0, help="microseconds")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--no-profiler", dest="profiler", action="store_false",
+                        help="time the phases on the host's clock instead")
     args = parser.parse_args()
     llm, prompts, params = official_llm(args.model)
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
     for uid, (prompt, param) in enumerate(zip(prompts, params)):
         scheduler.add_request(uid, prompt, param)
-    phases = instrument(scheduler)
+    if not args.profiler:
+        host_clock_report(scheduler)
+        llm.shutdown()
+        return 0
+    phases = instrument(scheduler, record_function)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         while scheduler.prefill.runnable:
             scheduler.step()

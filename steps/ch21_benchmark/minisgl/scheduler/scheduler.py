@@ -101,18 +101,22 @@ class Scheduler:
 
     def step(self) -> list[TokenOutput]:
         """Launch the next batch, then report the tokens of the batch before it (with overlap)
-        or of this one (without). Before a prefill the batch in flight is read first."""
+        or of this one (without). Before a prefill, a decode batch in flight is read first."""
         # The host's device work (token pool and page table writes) goes to the engine's
         # preparation stream, which its forward waits for.
         start = time.perf_counter()
         with use_stream(self.engine.prepare_stream):
             batch = self._schedule()
             tokens = []
-            if self.in_flight is not None and batch is not None and batch.is_prefill:
+            if (self.in_flight is not None and batch is not None and batch.is_prefill
+                    and self.in_flight.batch.is_decode):
                 # A prefill runs eagerly: its launch keeps the host busy about as long as the
                 # device computes it (~20 ms for 8,192 tokens on the H200's hosts), while the
                 # decode graph in flight is done in a few. Its tokens would wait for the whole
                 # launch before reaching the clients; the device idles only while they are read.
+                # A prefill in flight computes about as long as this launch takes: launched
+                # first, the next one is queued by the time it is done, and the device does
+                # not wait for this batch's preparation.
                 tokens, self.in_flight = self._process(self.in_flight, batch.reqs), None
             launched = self._launch(batch) if batch is not None else None
             done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
