@@ -20,6 +20,7 @@ from minisgl.core import SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import GraphRunner, capture_batch_sizes
 from minisgl.kvcache import MHAKVPool
+from minisgl.layers import LMHead
 from minisgl.llm import LLM
 from scheduler_helpers import make_scheduler
 
@@ -78,6 +79,22 @@ def test_decode_steps_replay_and_prefill_does_not(models_dir, monkeypatch):
              overlap=False)
     # One prefill of 3 prompts, then 4 decode steps of 3 requests, each padded to 4.
     assert replays == [(3, 4)] * 4
+
+
+def test_an_eager_batch_scores_rows_padded_to_a_captured_size(models_dir, monkeypatch):
+    # cuBLAS picks and loads a kernel the first time it meets a shape (11-23 ms on an H200's
+    # host for the LM head at 119-238 rows): a prefill's LM head gets a captured batch size.
+    scored: list[int] = []
+    forward = LMHead.forward
+    monkeypatch.setattr(LMHead, "forward",
+                        lambda self, x: scored.append(x.shape[0]) or forward(self, x))
+    path = models_dir / TINY_QWEN3
+    got = generate(path, n_prompts=3, max_tokens=3, cuda_graph="emulate", overlap=False)
+    # The capture scores 4, 2 and 1 rows (the emulated graphs' steps); then the prefill of 3
+    # prompts scores 4, as the decode steps of 3 requests replayed at 4 do.
+    assert scored[:3] == [4, 2, 1] and scored[3:] == [4] * (len(scored) - 3) and len(scored) > 4
+    monkeypatch.undo()
+    assert got == generate(path, n_prompts=3, max_tokens=3, cuda_graph="off", overlap=False)
 
 
 def recorded_order(monkeypatch, s) -> list[tuple[str, str]]:

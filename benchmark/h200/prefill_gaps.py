@@ -11,6 +11,10 @@ host was doing at its middle: the innermost of our ranges, and the innermost hos
 The profiler slows the host down. --no-profiler times the same phases with the host's clock
 instead (each phase's inclusive time summed over the prefill steps, and how long the host
 waited for the device in them): whether, without it, the host or the device sets the pace.
+--cprofile N adds Python's own profiler over those steps and lists the N functions (ours, and
+the C functions they call: a torch op, a kernel's launch) with the most time of their own, and
+times every F.linear call of those steps: a shape's first call against its repeats, the slowest
+calls, and what the CUDA caching allocator did meanwhile (cudaMalloc, cudaFree, retries).
 
     python benchmark/h200/prefill_gaps.py [--model models/qwen3-0.6b-random] [--no-profiler]
 """
@@ -18,12 +22,16 @@ waited for the device in them): whether, without it, the host or the device sets
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
+import importlib
+import pstats
 import sys
 import time
 from collections import defaultdict
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -34,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
 from timeline import merge, total  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
+# The module, not the function the package exports under the same name.
+linear_module = importlib.import_module("minisgl.kernel.linear")
 
 # Our ranges, outermost first: a gap is charged to the innermost one around its middle.
 PHASES = ("step", "schedule", "process", "wait", "launch", "allocate", "engine.launch",
@@ -108,21 +118,66 @@ def instrument(scheduler: Any, span: Span) -> list[str]:
     return phases
 
 
-def host_clock_report(scheduler: Any) -> None:
-    """The prefill steps once more, on the host's clock alone."""
+class LinearTrace:
+    """F.linear as chapter 19's linear() calls it, each call timed on the host."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, float]] = []  # rows, output columns, seconds
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        start = time.perf_counter()
+        y = torch.nn.functional.linear(x, weight, bias)
+        self.calls.append((x.shape[0], weight.shape[0], time.perf_counter() - start))
+        return y
+
+    def report(self, allocator: dict[str, int]) -> None:
+        seen: set[tuple[int, int]] = set()
+        first, repeat = [], []
+        for rows, cols, seconds in self.calls:
+            (repeat if (rows, cols) in seen else first).append(seconds)
+            seen.add((rows, cols))
+        print(f"F.linear {len(self.calls)} 次，主机合计 {sum(first + repeat) * 1e3:.1f} ms："
+              f"形状第一次出现的 {len(first)} 次 {sum(first) * 1e3:.1f} ms，"
+              f"重复的 {len(repeat)} 次 {sum(repeat) * 1e3:.1f} ms")
+        slowest = sorted(range(len(self.calls)), key=lambda i: -self.calls[i][2])[:8]
+        print("最慢的几次（第几次调用，行数 × 输出列数，ms）：" + "，".join(
+            f"{i}：{self.calls[i][0]}×{self.calls[i][1]} {self.calls[i][2] * 1e3:.2f}"
+            for i in sorted(slowest)))
+        print("同一段时间里 CUDA 缓存分配器：" + "，".join(
+            f"{key} {value}" for key, value in allocator.items()))
+
+
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                    "num_sync_all_streams", "num_ooms")
+
+
+def host_clock_report(scheduler: Any, top: int) -> None:
+    """The prefill steps once more, on the host's clock alone (and cProfile's if `top`)."""
     clock = HostClock()
     phases = instrument(scheduler, clock)
+    calls, trace = cProfile.Profile(), LinearTrace()
+    if top:  # the module's F: only chapter 19's linear() sees the timed one
+        linear_module.F = SimpleNamespace(linear=trace.linear)  # type: ignore[assignment]
+    before = torch.cuda.memory_stats()
     start = time.perf_counter()
-    while scheduler.prefill.runnable:
-        scheduler.step()
-    torch.cuda.synchronize()  # the last prefill's device work is part of the phase
+    with calls if top else nullcontext():
+        while scheduler.prefill.runnable:
+            scheduler.step()
+        torch.cuda.synchronize()  # the last prefill's device work is part of the phase
     wall = time.perf_counter() - start
+    after = torch.cuda.memory_stats()
+    linear_module.F = torch.nn.functional
     print(f"官方负载的 {len(phases)} 个 prefill 步（{', '.join(phases)}），不开 profiler，"
           f"主机的时钟；{torch.cuda.get_device_name()}")
     print(f"  墙钟 {wall * 1e3:.1f} ms；主机在 process 里等 GPU 合计 "
           f"{clock.seconds['wait'] * 1e3:.1f} ms。各阶段（含嵌套在里面的阶段）合计：")
     for name in PHASES:
         print(f"  {name:<18}{clock.seconds[name] * 1e3:>9.1f} ms")
+    if top:
+        print(f"cProfile 下（它让主机慢一些）自身时间最多的 {top} 个函数：")
+        pstats.Stats(calls, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+        trace.report({key: after.get(key, 0) - before.get(key, 0) for key in ALLOCATOR_COUNTS})
 
 
 def innermost(ranges: list[tuple[float, float, str]], at: float,
@@ -141,13 +196,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-profiler", dest="profiler", action="store_false",
                         help="time the phases on the host's clock instead")
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N",
+                        help="with --no-profiler: also cProfile's N costliest functions")
     args = parser.parse_args()
     llm, prompts, params = official_llm(args.model)
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
     for uid, (prompt, param) in enumerate(zip(prompts, params)):
         scheduler.add_request(uid, prompt, param)
     if not args.profiler:
-        host_clock_report(scheduler)
+        host_clock_report(scheduler, args.cprofile)
         llm.shutdown()
         return 0
     phases = instrument(scheduler, record_function)

@@ -18,14 +18,40 @@
 #           the one before in turn, twice, three rounds each; prefill_gaps.py --no-profiler,
 #           both trees; attention_share.py with a pool of its own size per engine (in probe2
 #           the second engine of a process fit 41 and 82 requests of 128 and 256).
+#   cprof   a fresh machine, carry [".whl", ".dev/smol-tok"]: prefill_gaps.py --no-profiler
+#           --cprofile 45 (confirm found the host never waiting for the device in the prefill
+#           steps, 31 ms a step in the eager forward: which functions).
+#           (Run twice: the second time with every F.linear call timed. The LM head's first call
+#           at a new row count took 18-23 ms.)
+#   lmhead  a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: 6ae316a, with
+#           this tree's prefill_gaps.py): an eager batch's LM head scores rows padded to a
+#           captured size. Chapter 18's GPU tests; prefill_gaps.py --no-profiler --cprofile
+#           both trees; the official workload, the two trees in turn, two processes each.
+#   final   a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/old"] (.dev/old: fae4544 again):
+#           the official workload, this tree (both changes) and the tree before both, in turn,
+#           two processes each, as far as the session's device time goes.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session22.sh probe|measure|probe2|confirm}
+part=${1:?usage: session22.sh probe|measure|probe2|confirm|cprof|lmhead|final}
 source benchmark/h200/setup.sh
 R=$OUT/s22-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
 M=models/qwen3-0.6b-random
 OLD="env PYTHONPATH=.dev/old/python:$PYTHONPATH python3 .dev/old/benchmark"  # the tree before
+
+# The official workload three rounds a process, this tree and .dev/old in turn, two processes
+# each, into $R/offline.txt and a JSON per process. $1: the old tree's name; $2, $3: each
+# process's time limit, this tree's first.
+offline_in_turn() {
+    local args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers" n
+    for n in 1 2; do
+        { echo "\$ python3 benchmark/offline.py $args   # this tree, $n"
+          timeout $2 python3 benchmark/offline.py $args --json $R/offline_after$n.json
+          echo "\$ python3 .dev/old/benchmark/offline.py $args   # $1, $n"
+          timeout $3 $OLD/offline.py $args --json $R/offline_before$n.json
+        } >> $R/offline.txt 2>&1
+    done
+}
 case $part in
 probe)
     { host_speed; timeout 200 python3 benchmark/h200/prefill_gaps.py --model $M; } \
@@ -62,14 +88,7 @@ probe2)
     grep -h "^measured" $R/tp_decode.txt ;;
 confirm)
     host_speed > $R/offline.txt 2>&1
-    args="--device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
-    for n in 1 2; do
-        { echo "\$ python3 benchmark/offline.py $args   # this tree, $n"
-          timeout 160 python3 benchmark/offline.py $args --json $R/offline_after$n.json
-          echo "\$ python3 .dev/old/benchmark/offline.py $args   # fae4544, $n"
-          timeout 110 $OLD/offline.py $args --json $R/offline_before$n.json
-        } >> $R/offline.txt 2>&1
-    done
+    offline_in_turn fae4544 160 110
     grep -v "capturing" $R/offline.txt | tail -n 20
     { echo "\$ python3 benchmark/h200/prefill_gaps.py --no-profiler   # this tree"
       timeout 60 python3 benchmark/h200/prefill_gaps.py --model $M --no-profiler
@@ -83,4 +102,25 @@ confirm)
               --no-header
       done; } > $R/attention_share.txt 2>&1
     grep -v "capturing" $R/attention_share.txt ;;
+cprof)
+    { host_speed
+      timeout 120 python3 benchmark/h200/prefill_gaps.py --model $M --no-profiler --cprofile 45
+    } > $R/prefill_cprofile.txt 2>&1
+    grep -v "capturing\|warn" $R/prefill_cprofile.txt ;;
+lmhead)
+    { host_speed; timeout 120 python3 -m pytest -q -rs tests/test_cuda_graph_cuda.py; } \
+        > $R/tests.txt 2>&1
+    tail -n 4 $R/tests.txt
+    { echo "\$ python3 benchmark/h200/prefill_gaps.py --no-profiler --cprofile 12   # this tree"
+      timeout 90 python3 benchmark/h200/prefill_gaps.py --model $M --no-profiler --cprofile 12
+      echo "\$ python3 .dev/old/benchmark/h200/prefill_gaps.py --no-profiler --cprofile 12   # 6ae316a"
+      timeout 60 $OLD/h200/prefill_gaps.py --model $M --no-profiler --cprofile 12
+    } > $R/prefill_host.txt 2>&1
+    grep -v "capturing\|warn" $R/prefill_host.txt | grep "墙钟\|F.linear\|最慢\|分配器\|forward  "
+    offline_in_turn 6ae316a 100 100
+    grep "LLM.generate  " $R/offline.txt ;;
+final)
+    host_speed > $R/offline.txt 2>&1
+    offline_in_turn fae4544 150 80
+    grep "LLM.generate  \|host speed" $R/offline.txt ;;
 esac

@@ -236,6 +236,8 @@ class Engine:
             if padded is None:
                 batch.out_loc = self.page_table[rows, batch.positions].long()
                 self.attn_backend.prepare_metadata(batch)
+                if self.graphs is not None:  # the LM head meets only shapes seen before
+                    self.graphs.pad_scored_rows(batch)
             args = self.sampler.prepare(batch)
             # Where each sampled token goes: the row and position of its request's next input.
             index_host = pin(torch.tensor([[reqs[i].table_idx for i in sampled],
@@ -247,7 +249,7 @@ class Engine:
                 # Read on the engine's stream: the previous batch wrote its tokens there.
                 batch.input_ids = self.token_pool[rows, batch.positions].long()
                 with self.ctx.forward_batch(batch):
-                    logits = self.model.forward()
+                    logits = self.model.forward()[: batch.size]  # the padding rows stay behind
             else:  # the graph reads rows and positions from its static buffers
                 logits = self.graphs.replay(batch, rows, batch.positions, padded)  # type: ignore
             output = self._sample(batch, logits, args)
