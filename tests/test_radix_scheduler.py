@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import TINY_QWEN3
+from minisgl.scheduler import prefill as prefill_module
 from minisgl.scheduler.prefill import DEFER_SHARED_TOKENS, PendingReq, shared_prefix_len
 from scheduler_helpers import (Arrival, assert_equals_each_request_run_alone,
                                assert_finishes_every_request_once_with_max_tokens,
@@ -172,6 +173,19 @@ def test_requests_sharing_fewer_than_32_tokens_are_admitted_together():
     for p in shared_pair(DEFER_SHARED_TOKENS - 1):
         s.prefill.add(p)
     assert [r.uid for r in s.prefill.schedule_next_batch().reqs] == [0, 1]
+
+
+def test_a_request_is_compared_only_with_admitted_ones_that_start_with_its_token(monkeypatch):
+    # Comparing it with every admitted request would cost the host the square of the batch.
+    compared = []
+    count = prefill_module.shared_prefix_len
+    monkeypatch.setattr(prefill_module, "shared_prefix_len",
+                        lambda a, b: compared.append((int(a[0]), int(b[0]))) or count(a, b))
+    s = small_pool(num_pages=128, page_size=1)
+    for uid, ids in enumerate((tokens(1000, 8), tokens(2000, 8), [1000] + tokens(3000, 7))):
+        s.prefill.add(pending(uid, ids, max_tokens=2))
+    assert [r.uid for r in s.prefill.schedule_next_batch().reqs] == [0, 1, 2]
+    assert compared == [(1000, 1000)]  # the third with the first; the second with nobody
 
 
 def test_naive_cache_admits_requests_sharing_a_long_prompt_together():
