@@ -33,6 +33,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -141,23 +142,27 @@ def summarize(trace: dict[str, Any]) -> dict[str, float]:
 # A profiled run
 
 
-def ranged(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+# What a range is: a profiler range by default (prefill_gaps.py also passes a host clock).
+Span = Callable[[str], AbstractContextManager[Any]]
+
+
+def ranged(name: str, fn: Callable[..., Any], span: Span = record_function) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with record_function(name):
+        with span(name):
             return fn(*args, **kwargs)
     return wrapper
 
 
 class RangedEvent:
-    """A batch's `done` event whose synchronize() is a profiler range: the host waiting for
-    the device."""
+    """A batch's `done` event whose synchronize() is a range: the host waiting for the
+    device."""
 
-    def __init__(self, event: Any) -> None:
-        self.event = event
+    def __init__(self, event: Any, span: Span = record_function) -> None:
+        self.event, self.span = event, span
 
     def synchronize(self) -> None:
-        with record_function("wait"):
+        with self.span("wait"):
             self.event.synchronize()
 
 

@@ -29,7 +29,7 @@ import pstats
 import sys
 import time
 from collections import defaultdict
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
@@ -40,7 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
-from timeline import merge, total  # noqa: E402
+from timeline import RangedEvent, Span, merge, ranged, total  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
 # The module, not the function the package exports under the same name.
 linear_module = importlib.import_module("minisgl.kernel.linear")
@@ -48,9 +48,6 @@ linear_module = importlib.import_module("minisgl.kernel.linear")
 # Our ranges, outermost first: a gap is charged to the innermost one around its middle.
 PHASES = ("step", "schedule", "process", "wait", "launch", "allocate", "engine.launch",
           "plan", "sampler.prepare", "forward", "sample", "cache_req")
-
-
-Span = Callable[[str], AbstractContextManager[Any]]
 
 
 class HostClock:
@@ -68,29 +65,11 @@ class HostClock:
             self.seconds[name] += time.perf_counter() - start
 
 
-class WaitSpan:
-    """A batch's `done` event whose synchronize() is a span: the host waiting for the device."""
-
-    def __init__(self, event: Any, span: Span) -> None:
-        self.event, self.span = event, span
-
-    def synchronize(self) -> None:
-        with self.span("wait"):
-            self.event.synchronize()
-
-
 def instrument(scheduler: Any, span: Span) -> list[str]:
     """Wrap the phases in `span`s (profiler ranges, or a HostClock); returns the list that
     collects each launched batch's phase."""
     engine, phases = scheduler.engine, []
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with span(name):
-                return fn(*args, **kwargs)
-        return wrapper
-
+    wrap = functools.partial(ranged, span=span)
     launch = wrap("launch", scheduler._launch)
 
     def noted_launch(batch: Any) -> Any:
@@ -101,7 +80,7 @@ def instrument(scheduler: Any, span: Span) -> list[str]:
 
     def spanned_process(done: Any, next_reqs: Any) -> Any:
         with span("process"):
-            return process(done._replace(done=WaitSpan(done.done, span)), next_reqs)
+            return process(done._replace(done=RangedEvent(done.done, span)), next_reqs)
 
     scheduler.step = wrap("step", scheduler.step)
     scheduler._schedule = wrap("schedule", scheduler._schedule)

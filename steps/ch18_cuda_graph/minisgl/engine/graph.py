@@ -137,9 +137,11 @@ class GraphRunner:
 
     def padded_size(self, batch: Batch) -> int | None:
         """The captured size this batch replays at, or None: run it eagerly."""
-        if not batch.is_decode:
-            return None
-        return next((bs for bs in self.batch_sizes if bs >= batch.size), None)
+        return self._captured_size(batch.size) if batch.is_decode else None
+
+    def _captured_size(self, n: int) -> int | None:
+        """The smallest captured size that holds n rows (None: more than the largest)."""
+        return next((bs for bs in self.batch_sizes if bs >= n), None)
 
     def pad_scored_rows(self, batch: Batch) -> None:
         """Pad an eager batch's rows for the LM head (its last_indices) to the next captured
@@ -149,7 +151,7 @@ class GraphRunner:
         official workload has a new row count. The capture's warm-up met the captured sizes."""
         meta = batch.attn_metadata
         n = len(meta.last_indices)
-        size = next((bs for bs in self.batch_sizes if bs >= n), n)
+        size = self._captured_size(n) or n
         if size > n:
             meta.last_indices = torch.nn.functional.pad(meta.last_indices, (0, size - n))
 
