@@ -251,6 +251,41 @@ def test_the_scheduler_starts_without_the_reserved_row_and_page(models_dir):
         llm.shutdown()
 
 
+def test_the_warm_up_prefill_runs_on_the_spare_row_and_page_only(models_dir, monkeypatch):
+    # A full prefill step's tokens, cut into requests of at most max_seq_len, all on the spare
+    # row: no row, page or token of the scheduler's changes; only the spare page is written.
+    engine = Engine(EngineConfig(str(models_dir / TINY_QWEN3), max_running_req=4, page_size=4,
+                                 num_page_override=16, max_seq_len_override=40,
+                                 cuda_graph="emulate"))
+    try:
+        launched = []
+        launch = engine.launch
+        monkeypatch.setattr(engine, "launch", lambda batch, sampled: launched.append(
+            (batch.phase, [(r.table_idx, r.extend_len) for r in batch.reqs], sampled))
+            or launch(batch, sampled))
+        layers = range(engine.model.config.num_layers)
+        before = [engine.page_table.clone(), engine.token_pool.clone(),
+                  *(engine.kv_pool.k_cache(i).clone() for i in layers)]
+        engine.warm_up(100)
+        assert launched == [("prefill", [(4, 40), (4, 40), (4, 20)], [])]
+        spare = engine.num_pages * engine.page_size  # the spare page's first slot
+        assert torch.equal(engine.page_table, before[0])
+        assert torch.equal(engine.token_pool, before[1])
+        for i in layers:
+            assert torch.equal(engine.kv_pool.k_cache(i)[:spare], before[2 + i][:spare])
+        assert not torch.equal(engine.kv_pool.k_cache(0)[spare:], before[2][spare:])
+    finally:
+        engine.close()
+
+
+def test_only_a_scheduler_on_a_gpu_warms_up(models_dir, monkeypatch):
+    # On the CPU a first forward costs what any other does: tests and laptops skip it.
+    warmed: list[int] = []
+    monkeypatch.setattr(Engine, "warm_up", lambda self, n: warmed.append(n))
+    make_scheduler(TINY_QWEN3, max_prefill_length=64, cuda_graph="emulate").engine.close()
+    assert warmed == []
+
+
 def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False,
                      attention_backend: str = "torch") -> list[str]:
     """Sixteen requests of different lengths through four rows and a tight pool (prefix hits,

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import SMOLLM2
+from conftest import SMOLLM2, TINY_QWEN3
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, backends, require_weights
 from minisgl.core import SamplingParams
 from minisgl.engine.graph import CudaGraph
@@ -64,3 +64,38 @@ def test_replayed_decode_gives_the_eager_tokens(models_dir, name):
     path = require_weights(models_dir / SMOLLM2)
     assert_same_up_to_near_ties(path, PROMPTS * 3, generate(path, name, "off"),
                                 generate(path, name, "auto"), f"{name} graphs")
+
+
+def test_the_scheduler_warms_up_a_full_prefill_step(models_dir, monkeypatch):
+    """On a GPU the scheduler's engine runs one prefill of max_prefill_length tokens before
+    any request, on the spare row: every row and page is still free, and the tokens that
+    follow are those of a scheduler that did not warm up."""
+    from minisgl.engine import Engine
+
+    path = require_weights(models_dir / TINY_QWEN3)
+    launched: list[int] = []
+    launch = Engine.launch
+
+    def counted(self, batch, sampled):  # type: ignore[no-untyped-def]
+        launched.append(sum(r.extend_len for r in batch.reqs))
+        return launch(self, batch, sampled)
+
+    def run(warm: bool) -> list[list[int]]:
+        if not warm:
+            monkeypatch.setattr(Engine, "warm_up", lambda self, n: None)
+        llm = LLM(str(path), dtype=torch.bfloat16, max_running_req=4, max_prefill_length=300,
+                  max_seq_len_override=128, num_page_override=64, page_size=16, device="cuda")
+        try:
+            scheduler = llm.backend.scheduler  # type: ignore[union-attr]
+            stats = scheduler.stats()
+            assert stats["free_pages"] == 64 and stats["rows_free"] == 4
+            outs = llm.generate(PROMPTS, SamplingParams(max_tokens=8, ignore_eos=True))
+        finally:
+            llm.shutdown()
+            monkeypatch.undo()
+        return [o["token_ids"] for o in outs]
+
+    monkeypatch.setattr(Engine, "launch", counted)
+    warm = run(warm=True)
+    assert launched[0] == 300 and all(n < 300 for n in launched[1:])
+    assert warm == run(warm=False)
