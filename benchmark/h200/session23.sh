@@ -19,9 +19,12 @@
 #           tree, this tree, the tree before; chapter 18's GPU tests; then the official
 #           harness's measure: one timed round in a fresh process (--rounds 1), the two trees in
 #           turn, four processes each.
+#   final   a fresh machine, carry [".whl", ".dev/smol-tok"]: the roofline's step records of the
+#           official workload on this tree (the first prefill step no longer an outlier?), and
+#           batch-1 decode, three processes.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session23.sh probe|measure|confirm}
+part=${1:?usage: session23.sh probe|measure|confirm|final}
 source benchmark/h200/setup.sh
 R=$OUT/s23-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -82,4 +85,14 @@ confirm)
     timeout 60 python3 -m pytest -q -rs tests/test_cuda_graph_cuda.py > $R/tests.txt 2>&1
     tail -n 3 $R/tests.txt
     offline_in_turn 1 4 ;;
+final)
+    { host_speed
+      timeout 150 python3 benchmark/roofline.py --device cuda --model $M --workload official \
+          --json $R/roofline.json; } > $R/roofline.txt 2>&1
+    grep -v "capturing\|warn" $R/roofline.txt
+    for n in 1 2 3; do
+        timeout 60 python3 benchmark/tp_decode.py --model $M --tp 1 --batch 1 --device cuda \
+            --attn flashinfer
+    done > $R/tp_decode.txt 2>&1
+    grep -h "^measured" $R/tp_decode.txt ;;
 esac
