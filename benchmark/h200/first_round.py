@@ -11,6 +11,7 @@ The last lines are round 1 minus the median of the later rounds, part by part; r
 that lost the most against the same steps of round 2; and each prefill step of both.
 
     python benchmark/h200/first_round.py [--model models/qwen3-0.6b-random] [--rounds 3]
+        [--also-warm-up 16415]
 """
 
 from __future__ import annotations
@@ -67,11 +68,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="models/qwen3-0.6b-random")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--also-warm-up", type=int, metavar="TOKENS",
+                        help="after the LLM is built, one more warm-up prefill of this many tokens "
+                             "(Engine.warm_up): is a later first-time step a new row count?")
     args = parser.parse_args()
     rounds: list[Recording] = []
     for i in range(args.rounds):
         start = time.perf_counter()
         llm, prompts, params = official_llm(args.model)
+        if args.also_warm_up:
+            llm.backend.scheduler.engine.warm_up(args.also_warm_up)  # type: ignore[union-attr]
         built = time.perf_counter() - start
         collections = FullCollections()
         gc.callbacks.append(collections)

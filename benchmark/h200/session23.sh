@@ -22,9 +22,12 @@
 #   final   a fresh machine, carry [".whl", ".dev/smol-tok"]: the roofline's step records of the
 #           official workload on this tree (the first prefill step no longer an outlier?), and
 #           batch-1 decode, three processes.
+#   second  the same warm machine, no carry: the one first-round outlier left is the second prefill
+#           step (16,415 rows, the first mixed step). A new row count? first_round.py, two rounds,
+#           with one more warm-up prefill of 16,415 tokens, then without.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session23.sh probe|measure|confirm|final}
+part=${1:?usage: session23.sh probe|measure|confirm|final|second}
 source benchmark/h200/setup.sh
 R=$OUT/s23-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -95,4 +98,11 @@ final)
             --attn flashinfer
     done > $R/tp_decode.txt 2>&1
     grep -h "^measured" $R/tp_decode.txt ;;
+second)
+    { echo "\$ python3 benchmark/h200/first_round.py --rounds 2 --also-warm-up 16415"
+      timeout 80 python3 benchmark/h200/first_round.py --model $M --rounds 2 --also-warm-up 16415
+      echo "\$ python3 benchmark/h200/first_round.py --rounds 2"
+      timeout 80 python3 benchmark/h200/first_round.py --model $M --rounds 2
+    } > $R/first_round.txt 2>&1
+    grep -v "capturing\|warn" $R/first_round.txt ;;
 esac
