@@ -73,7 +73,7 @@ class Scheduler:
         if self.engine.device.type == "cuda":  # one-time costs that a GPU's step would notice
             try:
                 self.engine.warm_up(config.max_prefill_length)
-            except BaseException:  # out of memory already: leave the process as we found it
+            except BaseException:  # out of memory, say: leave the process as we found it
                 self.engine.close()
                 raise
             # The process's first full garbage collection walks every object that the imports,
