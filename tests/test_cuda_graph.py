@@ -278,6 +278,21 @@ def test_the_warm_up_prefill_runs_on_the_spare_row_and_page_only(models_dir, mon
         engine.close()
 
 
+def test_a_warm_up_out_of_memory_says_what_to_lower(models_dir, monkeypatch):
+    # A full prefill step that does not fit stops the start with advice, not a request later.
+    engine = Engine(EngineConfig(str(models_dir / TINY_QWEN3), max_running_req=4,
+                                 num_page_override=16, max_seq_len_override=40))
+    try:
+        def no_memory(batch, sampled):  # type: ignore[no-untyped-def]
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        monkeypatch.setattr(engine, "launch", no_memory)
+        with pytest.raises(RuntimeError, match="prefill step of 100 tokens .* lower "
+                                               "max_prefill_length or memory_ratio"):
+            engine.warm_up(100)
+    finally:
+        engine.close()
+
+
 def test_only_a_scheduler_on_a_gpu_warms_up(models_dir, monkeypatch):
     # On the CPU a first forward costs what any other does: tests and laptops skip it.
     warmed: list[int] = []

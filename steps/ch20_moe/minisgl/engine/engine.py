@@ -281,4 +281,9 @@ class Engine:
                  for start in range(0, num_tokens, self.max_seq_len)]
         reqs = [Req(torch.zeros(n, dtype=torch.int32), table_idx=self.dummy_row, cached_len=0,
                     output_len=1, uid=-1, sampling_params=SamplingParams()) for n in sizes]
-        self.launch(Batch(reqs, "prefill"), sampled=[]).done.synchronize()
+        try:
+            self.launch(Batch(reqs, "prefill"), sampled=[]).done.synchronize()
+        except torch.OutOfMemoryError as e:  # at start, not in the middle of serving
+            raise RuntimeError(f"a prefill step of {num_tokens:,} tokens does not fit in the "
+                               f"device memory the KV pool leaves: lower max_prefill_length or "
+                               f"memory_ratio") from e
