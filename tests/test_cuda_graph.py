@@ -294,7 +294,7 @@ def test_a_warm_up_out_of_memory_says_what_to_lower(models_dir, monkeypatch):
 
 
 def test_only_a_scheduler_on_a_gpu_warms_up(models_dir, monkeypatch):
-    # On the CPU a first forward costs what any other does: tests and laptops skip it.
+    # The CPU has no kernels to choose for a new shape: tests and laptops skip the warm-up.
     warmed: list[int] = []
     monkeypatch.setattr(Engine, "warm_up", lambda self, n: warmed.append(n))
     make_scheduler(TINY_QWEN3, max_prefill_length=64, cuda_graph="emulate").engine.close()
