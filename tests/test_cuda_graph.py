@@ -293,12 +293,16 @@ def test_a_warm_up_out_of_memory_says_what_to_lower(models_dir, monkeypatch):
         engine.close()
 
 
-def test_only_a_scheduler_on_a_gpu_warms_up(models_dir, monkeypatch):
+def test_the_scheduler_asks_for_its_budget_and_only_a_gpu_warms_up(models_dir, monkeypatch):
     # The CPU has no kernels to choose for a new shape: tests and laptops skip the warm-up.
+    asked: list[int | None] = []
     warmed: list[int] = []
+    init = Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, config, warm_up_tokens=None: (
+        asked.append(warm_up_tokens) or init(self, config, warm_up_tokens)))
     monkeypatch.setattr(Engine, "warm_up", lambda self, n: warmed.append(n))
     make_scheduler(TINY_QWEN3, max_prefill_length=64, cuda_graph="emulate").engine.close()
-    assert warmed == []
+    assert asked == [64] and warmed == []
 
 
 def watch_a_workload(models_dir, monkeypatch, plant_spare_page: bool = False,

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -69,18 +68,8 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.engine = Engine(config)
-        if self.engine.device.type == "cuda":  # one-time costs that a GPU's step would notice
-            try:
-                self.engine.warm_up(config.max_prefill_length)
-            except BaseException:  # out of memory, say: leave the process as we found it
-                self.engine.close()
-                raise
-            # The process's first full garbage collection walks every object that the imports,
-            # the model and the graphs made: about 0.2 s on an H200's host, during which no
-            # step is launched. Now, before any request. CPython collects in full again only
-            # once the objects that survived since outnumber a quarter of those it walked.
-            gc.collect()
+        # On a GPU the engine first runs a full prefill step, off every request.
+        self.engine = Engine(config, warm_up_tokens=config.max_prefill_length)
         # The rows and pages the scheduler hands out (the engine keeps one of each spare).
         rows = config.max_running_req
         self.table = TableManager(self.engine.page_table[:rows], self.engine.token_pool[:rows])
