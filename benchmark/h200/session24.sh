@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# 2026-12-04, session 24's H200 calls on issue 27.
+#   probe   a fresh machine, carry [".whl", ".dev/smol-tok"]: how fast a kernel can read a
+#           decode layer's K/V here (read_speed.py: three read orders, torch's copy) next to
+#           chapter 19's decode attention on the same batch and context
+#           (decode_attention.py --graph); chapter 18's GPU tests, not run since the warm-up
+#           moved into the engine's constructor (454c12e).
+#   tiles   a fresh machine, carry [".whl", ".dev/smol-tok", ".dev/t63", ".dev/t54", ".dev/t83"]
+#           (each `git archive HEAD python steps benchmark` with decode_attention.cu's kTile and
+#           kMinBlocks for bfloat16 set to 6/3, 5/4, 8/3: more K/V bytes in flight per SM, fewer
+#           blocks or a few spilled registers; 4/4 is this tree's): chapter 19's decode
+#           attention, uniform contexts of 710 (batch 16-256) and the official workload's mixed
+#           ones, each tree in its own process.
+#   ablate  a fresh machine, carry [".whl", ".dev/smol-tok"]: chapter 21's ablation table on this
+#           tree (every default, then each feature off in turn, transformers last), one call.
+#   final   the same warm machine, no carry: the official workload three rounds (the issue's
+#           median), then the overlap timeline at batch 256 and 16.
+# Results go straight to $OUT, so a run cut by the call's limit still returns.
+set -uo pipefail
+part=${1:?usage: session24.sh probe|tiles|ablate|final}
+source benchmark/h200/setup.sh
+R=$OUT/s24-$part && mkdir -p $R
+export PYTHONPATH=python:$PYTHONPATH
+M=models/qwen3-0.6b-random
+case $part in
+probe)
+    { host_speed
+      for shape in "256 718" "64 710"; do
+          set -- $shape
+          echo "\$ python3 benchmark/h200/read_speed.py --batch $1 --context $2"
+          timeout 150 python3 benchmark/h200/read_speed.py --batch $1 --context $2
+      done
+      echo "\$ python3 benchmark/h200/decode_attention.py --graph --batch 64 256 --context 710 718 --page-size 256"
+      timeout 150 python3 benchmark/h200/decode_attention.py --graph --batch 64 256 \
+          --context 710 718 --page-size 256
+    } > $R/read_speed.txt 2>&1
+    cat $R/read_speed.txt
+    python3 tools/models.py --only tiny-qwen3 > /dev/null
+    timeout 100 python3 -m pytest -q -rs tests/test_cuda_graph_cuda.py > $R/tests.txt 2>&1
+    tail -n 4 $R/tests.txt ;;
+tiles)
+    host_speed > $R/tiles.txt
+    for tree in . .dev/t63 .dev/t54 .dev/t83; do
+        { echo "\$ python3 $tree/benchmark/h200/decode_attention.py --graph --batch 16 64 128 256 --context 710 --page-size 256"
+          timeout 120 python3 $tree/benchmark/h200/decode_attention.py --graph \
+              --batch 16 64 128 256 --context 710 --page-size 256
+          echo "\$ python3 $tree/benchmark/h200/decode_attention.py --mixed --batch 16 64 128 256"
+          timeout 120 python3 $tree/benchmark/h200/decode_attention.py --mixed \
+              --batch 16 64 128 256
+        } >> $R/tiles.txt 2>&1
+    done
+    cat $R/tiles.txt ;;
+ablate)
+    { host_speed
+      echo "\$ python3 benchmark/offline.py --device cuda --model $M --attn flashinfer --ablate overlap cuda-graph custom-kernels radix page-16"
+      timeout 540 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+          --ablate overlap cuda-graph custom-kernels radix page-16 --json $R/offline.json \
+          --plot $R/offline.png; } > $R/offline.txt 2>&1
+    grep -v "capturing" $R/offline.txt | tail -n 14 ;;
+final)
+    { host_speed
+      echo "\$ python3 benchmark/offline.py --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
+      timeout 120 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+          --rounds 3 --skip-transformers --json $R/offline3.json; } > $R/offline3.txt 2>&1
+    grep -v "capturing" $R/offline3.txt | tail -n 8
+    for b in 256 16; do
+        { host_speed
+          echo "\$ python3 benchmark/timeline.py --device cuda --model $M --batch $b"
+          timeout 120 python3 benchmark/timeline.py --device cuda --model $M \
+            --batch $b --json $R/timeline_b$b.json; } > $R/timeline_b$b.txt 2>&1
+        tail -n 8 $R/timeline_b$b.txt
+    done ;;
+esac
