@@ -14,8 +14,11 @@
 #   ablate  a fresh machine, carry [".whl", ".dev/smol-tok"]: chapter 21's ablation table on this
 #           tree (every default, then each feature off in turn, transformers last), one call.
 #   repro   the ablation's third engine (CUDA graphs off) hit an illegal memory access in its
-#           warm-up prefill: one engine a fresh process, graphs off with CUDA_LAUNCH_BLOCKING=1,
-#           graphs off with custom kernels off, and the default.
+#           warm-up prefill. First call: one engine a fresh process, graphs off (with
+#           CUDA_LAUNCH_BLOCKING=1), graphs and custom kernels off, the default: all fine; then
+#           offline.py --ablate cuda-graph: the fault again. Second call (repro_warm_up.py, two
+#           engines a process, the first shut down as offline.py does): which pairs fault, and
+#           where.
 #   final   the same warm machine, no carry: the official workload three rounds (the issue's
 #           median), then the overlap timeline at batch 256 and 16.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
@@ -61,14 +64,12 @@ ablate)
           --plot $R/offline.png; } > $R/offline.txt 2>&1
     grep -v "capturing" $R/offline.txt | tail -n 14 ;;
 repro)
-    for opts in "dict(cuda_graph='off')" "dict(cuda_graph='off', custom_kernels='off')" "dict()"; do
-        echo "\$ CUDA_LAUNCH_BLOCKING=1 python3 benchmark/h200/repro_warm_up.py \"$opts\""
-        CUDA_LAUNCH_BLOCKING=1 timeout 150 python3 benchmark/h200/repro_warm_up.py "$opts" 2>&1 \
-            | grep -v "capturing" | tail -n 25
+    for pair in "dict() dict(cuda_graph='off')" "dict() dict(cuda_graph='off',custom_kernels='off')" \
+                "dict(cuda_graph='off') dict(cuda_graph='off')" "dict() dict()"; do
+        echo "\$ CUDA_LAUNCH_BLOCKING=1 python3 benchmark/h200/repro_warm_up.py $pair"
+        CUDA_LAUNCH_BLOCKING=1 timeout 100 python3 benchmark/h200/repro_warm_up.py $pair 2>&1 \
+            | grep -v "capturing" | tail -n 30
     done > $R/repro.txt 2>&1
-    echo "\$ python3 benchmark/offline.py --ablate cuda-graph --skip-transformers" >> $R/repro.txt
-    timeout 120 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
-        --ablate cuda-graph --skip-transformers 2>&1 | grep -v capturing | tail -n 12 >> $R/repro.txt
     cat $R/repro.txt ;;
 final)
     { host_speed
