@@ -1,35 +1,35 @@
-"""Session 24's repro: the second engine of a process, built after the first one shut down,
-hit an illegal memory access in its warm-up prefill when its CUDA graphs were off (the
-ablation table's third row). Builds engine A with the first options, generates, shuts it down
-as offline.py does, then engine B with the second; run under CUDA_LAUNCH_BLOCKING=1 the
-traceback names the launch that faulted.
+"""Session 24's repro: in `offline.py --ablate cuda-graph`, the second engine of the process
+(CUDA graphs off, built after the first one ran the official workload and shut down) hit an
+illegal memory access in its warm-up prefill. This runs offline.py as it is, with the engine's
+warm-up wrapped to say what it is about to do: the engine's pages, max_seq_len, and the device
+memory free and reserved at that moment.
 
-    python benchmark/h200/repro_warm_up.py "dict()" "dict(cuda_graph='off')"
+    python benchmark/h200/repro_warm_up.py --ablate cuda-graph --skip-transformers ...
 """
 
-import gc
+import runpy
 import sys
-import traceback
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "python")
-from minisgl.core import SamplingParams  # noqa: E402
-from minisgl.llm import LLM  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
+from minisgl.engine import engine as engine_module  # noqa: E402
 
-for n, opts in enumerate(map(eval, sys.argv[1:])):
-    try:
-        llm = LLM("models/qwen3-0.6b-random", dtype=torch.bfloat16, max_running_req=256,
-                  page_size=256, **opts)
-        engine = llm.backend.scheduler.engine
-        print(f"engine {n} {opts}: built; max_seq_len {engine.max_seq_len}, pages "
-              f"{engine.num_pages}", flush=True)
-        out = llm.generate([[1, 2, 3] * 20], SamplingParams(max_tokens=4, ignore_eos=True),
-                           progress=False)
-        print("  generated", out[0]["token_ids"], flush=True)
-        llm.shutdown()
-        gc.collect()
-        torch.cuda.empty_cache()
-    except Exception:
-        traceback.print_exc(limit=-8)
-        break
+warm_up = engine_module.Engine.warm_up
+
+
+def saying_warm_up(self, num_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    free, total = torch.cuda.mem_get_info(self.device)
+    print(f"warm-up of {num_tokens} tokens: {self.num_pages} pages of {self.page_size}, "
+          f"max_seq_len {self.max_seq_len}, graphs {self.graphs is not None}, free "
+          f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB, reserved by torch "
+          f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB", flush=True)
+    warm_up(self, num_tokens)
+    print("warm-up done", flush=True)
+
+
+engine_module.Engine.warm_up = saying_warm_up  # type: ignore[method-assign]
+sys.argv = [str(ROOT / "benchmark/offline.py"), *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")

@@ -64,12 +64,21 @@ ablate)
           --plot $R/offline.png; } > $R/offline.txt 2>&1
     grep -v "capturing" $R/offline.txt | tail -n 14 ;;
 repro)
-    for pair in "dict() dict(cuda_graph='off')" "dict() dict(cuda_graph='off',custom_kernels='off')" \
-                "dict(cuda_graph='off') dict(cuda_graph='off')" "dict() dict()"; do
-        echo "\$ CUDA_LAUNCH_BLOCKING=1 python3 benchmark/h200/repro_warm_up.py $pair"
-        CUDA_LAUNCH_BLOCKING=1 timeout 100 python3 benchmark/h200/repro_warm_up.py $pair 2>&1 \
-            | grep -v "capturing" | tail -n 30
+    args="--device cuda --model $M --attn flashinfer --skip-transformers"
+    for blocking in 0 1; do
+        echo "\$ CUDA_LAUNCH_BLOCKING=$blocking python3 benchmark/h200/repro_warm_up.py $args --ablate cuda-graph"
+        CUDA_LAUNCH_BLOCKING=$blocking timeout 150 python3 benchmark/h200/repro_warm_up.py $args \
+            --ablate cuda-graph 2>&1 | grep -v "capturing" | grep -v "^  File\|^    " | tail -n 14
     done > $R/repro.txt 2>&1
+    echo "\$ python3 -c 'LLM(page_size=256, cuda_graph=\"off\") in a fresh process'" >> $R/repro.txt
+    timeout 100 python3 -c "
+import torch
+from minisgl.llm import LLM
+from minisgl.core import SamplingParams
+llm = LLM('$M', dtype=torch.bfloat16, max_running_req=256, page_size=256, cuda_graph='off')
+print('built', llm.backend.scheduler.engine.num_pages, 'pages')
+print(llm.generate([[1, 2, 3] * 20], SamplingParams(max_tokens=4, ignore_eos=True))[0]['token_ids'])
+" 2>&1 | tail -n 6 >> $R/repro.txt
     cat $R/repro.txt ;;
 final)
     { host_speed
