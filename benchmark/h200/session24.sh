@@ -68,7 +68,7 @@ repro)
     for blocking in 0 1; do
         echo "\$ CUDA_LAUNCH_BLOCKING=$blocking python3 benchmark/h200/repro_warm_up.py $args --ablate cuda-graph"
         CUDA_LAUNCH_BLOCKING=$blocking timeout 150 python3 benchmark/h200/repro_warm_up.py $args \
-            --ablate cuda-graph 2>&1 | grep -v "capturing" | grep -v "^  File\|^    " | tail -n 14
+            --ablate cuda-graph 2>&1 | grep -v "capturing" | tail -n 40
     done > $R/repro.txt 2>&1
     echo "\$ python3 -c 'LLM(page_size=256, cuda_graph=\"off\") in a fresh process'" >> $R/repro.txt
     timeout 100 python3 -c "
