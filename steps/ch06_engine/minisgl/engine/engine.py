@@ -11,7 +11,8 @@ from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import load_model
 from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, pick_device, pin, use_stream)
+                           create_stream, current_stream, pick_device, pin, synchronize,
+                           use_stream)
 
 from .config import EngineConfig
 from .sampler import Sampler, SamplingArgs
@@ -74,6 +75,11 @@ class Engine:
         set_global_ctx(self.ctx)
         self._undo.append(self._uninstall_ctx)
         self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
+        # Everything above ran on the current (default) stream, which the engine's streams do
+        # not wait for. An engine built after another one closed reuses the memory that one
+        # freed: a page table whose zero-fill had not run yet would hand the first batch old
+        # slots (an illegal address). Done before any batch.
+        synchronize(self.device)
 
     def _uninstall_ctx(self) -> None:
         # Only if it is still ours: an engine created since has installed its own.
@@ -104,6 +110,7 @@ class Engine:
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
         """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
         set), sample one token per request, and start copying them to the host."""
+        self.stream.wait_stream(current_stream(self.device))  # where the caller wrote the batch
         with use_stream(self.stream), torch.no_grad():
             with self.ctx.forward_batch(batch):
                 logits = self.model.forward()

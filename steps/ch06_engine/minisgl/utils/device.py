@@ -66,6 +66,17 @@ def create_event(device: torch.device) -> Event:
     return torch.cuda.Event() if device.type == "cuda" else NullEvent()
 
 
+def current_stream(device: torch.device) -> Stream:
+    """The stream work on `device` is issued to now; a NullStream on the CPU."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else NullStream()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until every stream of `device` has done its work; the CPU has nothing to wait for."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def use_stream(stream: Stream) -> AbstractContextManager[object]:
     """`with use_stream(s):` makes s the current CUDA stream; nothing on the CPU."""
     return torch.cuda.stream(stream) if isinstance(stream, torch.cuda.Stream) else nullcontext()

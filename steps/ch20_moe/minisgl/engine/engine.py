@@ -17,7 +17,8 @@ from minisgl.kvcache import MHAKVPool
 from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.models import ModelConfig, load_model
 from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, pick_device, pin, use_stream)
+                           create_stream, current_stream, pick_device, pin, synchronize,
+                           use_stream)
 from minisgl.utils.ragged import ragged_arange
 
 from .config import EngineConfig
@@ -147,6 +148,11 @@ class Engine:
         self.graphs = self._capture_graphs(config, model_config.vocab_size)
         # Graphs hold NCCL work at TP > 1: they go before the process group does.
         self._undo.append(self._drop_graphs)
+        # Everything above ran on the current (default) stream, which the engine's streams do
+        # not wait for. An engine built after another one closed reuses the memory that one
+        # freed: a page table whose zero-fill had not run yet would hand the first batch old
+        # slots (an illegal address). Done before any batch.
+        synchronize(self.device)
         if warm_up_tokens is not None and self.device.type == "cuda":
             self.warm_up(warm_up_tokens)
             # The process's first full garbage collection walks every object that the imports,
@@ -216,6 +222,7 @@ class Engine:
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
         """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
         set), sample one token per request, and start copying them to the host."""
+        self.stream.wait_stream(current_stream(self.device))  # where the caller wrote the batch
         with use_stream(self.stream), torch.no_grad():
             with self.ctx.forward_batch(batch):
                 logits = self.model.forward()
