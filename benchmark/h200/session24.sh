@@ -14,16 +14,20 @@
 #   ablate  a fresh machine, carry [".whl", ".dev/smol-tok"]: chapter 21's ablation table on this
 #           tree (every default, then each feature off in turn, transformers last), one call.
 #   repro   the ablation's third engine (CUDA graphs off) hit an illegal memory access in its
-#           warm-up prefill. First call: one engine a fresh process, graphs off (with
-#           CUDA_LAUNCH_BLOCKING=1), graphs and custom kernels off, the default: all fine; then
-#           offline.py --ablate cuda-graph: the fault again. Second call (repro_warm_up.py, two
-#           engines a process, the first shut down as offline.py does): which pairs fault, and
-#           where.
-#   final   the same warm machine, no carry: the official workload three rounds (the issue's
-#           median), then the overlap timeline at batch 256 and 16.
+#           warm-up prefill. Three calls, each on a fresh machine, the script changing in
+#           between (its commits say how): (1) one engine a fresh process, graphs off (with
+#           CUDA_LAUNCH_BLOCKING=1), graphs and custom kernels off, the default: all fine;
+#           offline.py --ablate cuda-graph: the fault again; (2) two engines a process, under
+#           CUDA_LAUNCH_BLOCKING=1: no fault (that script kept the first engine alive, so the
+#           second found 401 pages); (3) as it stands: offline.py --ablate cuda-graph with the
+#           warm-up saying what it is about to do, without and with CUDA_LAUNCH_BLOCKING=1
+#           (fault, no fault: a race), then graphs off alone in a fresh process (no fault).
+#   ablate2 a fresh machine, the same carry, after the fix (the engine's constructor waits for
+#           its default-stream work): the ablation table again, without transformers (the
+#           device time left would not hold its 206 s).
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session24.sh probe|tiles|ablate|final|repro}
+part=${1:?usage: session24.sh probe|tiles|ablate|repro|ablate2}
 source benchmark/h200/setup.sh
 R=$OUT/s24-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -80,17 +84,11 @@ print('built', llm.backend.scheduler.engine.num_pages, 'pages')
 print(llm.generate([[1, 2, 3] * 20], SamplingParams(max_tokens=4, ignore_eos=True))[0]['token_ids'])
 " 2>&1 | tail -n 6 >> $R/repro.txt
     cat $R/repro.txt ;;
-final)
+ablate2)
     { host_speed
-      echo "\$ python3 benchmark/offline.py --device cuda --model $M --attn flashinfer --rounds 3 --skip-transformers"
-      timeout 120 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
-          --rounds 3 --skip-transformers --json $R/offline3.json; } > $R/offline3.txt 2>&1
-    grep -v "capturing" $R/offline3.txt | tail -n 8
-    for b in 256 16; do
-        { host_speed
-          echo "\$ python3 benchmark/timeline.py --device cuda --model $M --batch $b"
-          timeout 120 python3 benchmark/timeline.py --device cuda --model $M \
-            --batch $b --json $R/timeline_b$b.json; } > $R/timeline_b$b.txt 2>&1
-        tail -n 8 $R/timeline_b$b.txt
-    done ;;
+      echo "\$ python3 benchmark/offline.py --device cuda --model $M --attn flashinfer --ablate overlap cuda-graph custom-kernels radix page-16 --skip-transformers"
+      timeout 320 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+          --ablate overlap cuda-graph custom-kernels radix page-16 --skip-transformers \
+          --json $R/offline.json; } > $R/offline.txt 2>&1
+    grep -v "capturing" $R/offline.txt | tail -n 16 ;;
 esac
