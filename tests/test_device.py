@@ -12,8 +12,8 @@ from conftest import reference_cpu_threads, sysfs_physical_cores
 from minisgl.utils import device as device_module
 from minisgl.utils import (NullEvent, NullStream, configure_cpu_threads,
                            configure_gpu_host_threads, create_event,
-                           create_stream, physical_core_count, pick_device, pin,
-                           usable_cpu_count, use_stream)
+                           create_stream, current_stream, physical_core_count, pick_device,
+                           pin, synchronize, usable_cpu_count, use_stream)
 
 CHAPTER = 6  # tools/steps.py check runs this module on chapter 6's own tree
 
@@ -83,6 +83,11 @@ def test_null_stream_methods_are_no_ops():
     assert stream.synchronize() is None
     assert stream.wait_stream(NullStream()) is None
     assert stream.wait_event(NullEvent()) is None
+
+
+def test_current_stream_and_synchronize_on_cpu_have_nothing_to_wait_for():
+    assert isinstance(current_stream(CPU), NullStream)
+    assert synchronize(CPU) is None
 
 
 def test_use_stream_is_a_no_op_context_on_cpu():

@@ -3,6 +3,8 @@ request admission, pool and max_seq_len sizing, and seeded sampling."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -281,6 +283,46 @@ def test_a_constructor_failing_half_way_leaves_the_process_as_it_found_it(tiny_q
     with pytest.raises(RuntimeError, match="no sampler"):
         make_engine(tiny_qwen3_path, device="cpu")
     assert installed_ctx() is None and torch.get_num_threads() == fresh_process
+
+
+# --- streams: the engine's forward waits for what it reads ---------------------------------------
+
+class RecordingStream:
+    """Stands in for the engine's stream on the CPU and records what it was told to wait for."""
+
+    def __init__(self) -> None:
+        self.waited_for: list[object] = []
+
+    def wait_stream(self, stream: object) -> None:
+        self.waited_for.append(stream)
+
+
+def test_forward_batch_waits_for_the_stream_the_batch_was_written_on(qwen3_engine, qwen3_prompts,
+                                                                    monkeypatch):
+    # The caller fills the page table and the batch's tensors on its current stream (the
+    # default one, up to chapter 10); the forward runs on the engine's, which must wait for it.
+    callers_stream = object()
+    monkeypatch.setattr(engine_module, "current_stream", lambda device: callers_stream)
+    qwen3_engine.stream = RecordingStream()
+    HandBatcher(qwen3_engine).step([new_req(qwen3_prompts[0], 0)], "prefill")
+    assert qwen3_engine.stream.waited_for == [callers_stream]
+
+
+def test_the_constructor_waits_for_its_own_work_once_everything_is_built(tiny_qwen3_path,
+                                                                         monkeypatch):
+    # The pools and the page table are zero-filled on the default stream; the engine's streams
+    # read them. On an H200 a second engine of a process read its page table before the fill
+    # ran: old slots from the memory the first engine freed (chapter 21).
+    calls = []
+
+    def synchronize(device):
+        building = inspect.currentframe().f_back.f_locals["self"]  # the engine being built
+        calls.append((device, [name for name in ("kv_pool", "page_table", "sampler")
+                               if hasattr(building, name)]))
+
+    monkeypatch.setattr(engine_module, "synchronize", synchronize)
+    engine = make_engine(tiny_qwen3_path, device="cpu")
+    assert calls == [(engine.device, ["kv_pool", "page_table", "sampler"])]
 
 
 # --- the chapter's example ---
