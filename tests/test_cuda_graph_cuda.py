@@ -99,3 +99,30 @@ def test_the_scheduler_warms_up_a_full_prefill_step(models_dir, monkeypatch):
     warm = run(warm=True)
     assert launched[0] == 300 and all(n < 300 for n in launched[1:])
     assert warm == run(warm=False)
+
+
+def test_a_graph_less_engine_built_on_memory_another_left_behind(models_dir):
+    """A later engine of a process is built on memory an earlier one freed. Its KV pool (most
+    of the device) and page table are zero-filled on the default stream, which the engine's
+    streams do not wait for, and without graphs there is no capture to wait in between: in
+    chapter 21's ablation the warm-up prefill read old slots (an illegal address). Here the
+    freed blocks of the page table's size are first filled with slots far past any pool; the
+    second engine must still give the first one's tokens (the constructor waits, chapter 6)."""
+    path = require_weights(models_dir / TINY_QWEN3)
+    options = dict(dtype=torch.bfloat16, cuda_graph="off", max_running_req=4, page_size=16,
+                   max_seq_len_override=128, device="cuda")  # the pool: 90% of what is free
+
+    def run() -> tuple[list[list[int]], torch.Size]:
+        llm = LLM(str(path), **options)
+        try:
+            shape = llm.backend.scheduler.engine.page_table.shape  # type: ignore[union-attr]
+            outs = llm.generate(PROMPTS, SamplingParams(max_tokens=8, ignore_eos=True))
+        finally:
+            llm.shutdown()
+        return [o["token_ids"] for o in outs], shape
+
+    first, shape = run()
+    junk = [torch.full(shape, 2**30, dtype=torch.int32, device="cuda") for _ in range(256)]
+    del junk  # back to the allocator's cache, old contents and all
+    second, _ = run()
+    assert second == first
