@@ -308,6 +308,17 @@ def test_forward_batch_waits_for_the_stream_the_batch_was_written_on(qwen3_engin
     assert qwen3_engine.stream.waited_for == [callers_stream]
 
 
+def test_forward_batch_called_on_the_engines_own_stream_waits_for_nothing(qwen3_engine,
+                                                                         qwen3_prompts,
+                                                                         monkeypatch):
+    # A scheduler that made the engine's stream wait for its own, and calls from there
+    # (chapter 11 on), is not waited for twice each step.
+    qwen3_engine.stream = RecordingStream()
+    monkeypatch.setattr(engine_module, "current_stream", lambda device: qwen3_engine.stream)
+    HandBatcher(qwen3_engine).step([new_req(qwen3_prompts[0], 0)], "prefill")
+    assert qwen3_engine.stream.waited_for == []
+
+
 def test_the_constructor_waits_for_its_own_work_once_everything_is_built(tiny_qwen3_path,
                                                                          monkeypatch):
     # The pools and the page table are zero-filled on the default stream; the engine's streams

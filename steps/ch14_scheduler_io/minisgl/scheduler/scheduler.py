@@ -122,7 +122,7 @@ class Scheduler:
         with use_stream(self.engine.stream):
             # Read on the engine's stream: the previous batch wrote its sampled tokens there.
             batch.input_ids = self.table.token_pool[rows, batch.positions].long()
-        output = self.engine.forward_batch(batch, args)  # also advances each req's lengths
+            output = self.engine.forward_batch(batch, args)  # also advances each req's lengths
         # Each sampled token is the next input of its request: leave it in the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
         # Pinned and non-blocking: a plain host-to-device copy would make the host wait for

@@ -137,7 +137,9 @@ class Engine:
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
         """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
         set), sample one token per request, and start copying them to the host."""
-        self.stream.wait_stream(current_stream(self.device))  # where the caller wrote the batch
+        caller = current_stream(self.device)  # where the caller wrote the batch
+        if caller != self.stream:  # a scheduler already on the engine's stream has waited
+            self.stream.wait_stream(caller)
         with use_stream(self.stream), torch.no_grad():
             with self.ctx.forward_batch(batch):
                 logits = self.model.forward()
