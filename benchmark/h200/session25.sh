@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# 2026-12-04, session 25's H200 calls on issue 27.
+#   check   a fresh machine, carry [".whl", ".dev/smol-tok"]: the GPU tests of the engine's
+#           stream ordering on the final tree (tests/test_cuda_graph_cuda.py with session 24's
+#           graph-less second engine, never run on a GPU before; tests/test_overlap_gpu.py, the
+#           late streams), then chapter 21's overlap timeline at batch 256 and 16.
+#   ablate  the same warm machine, no carry: chapter 21's ablation table with transformers in
+#           the same call (session 24's second table had to leave it out).
+#   pdl     the same warm machine, no carry: how much of a decode step's GEMM time programmatic
+#           dependent launch could take back (pdl_gemm.py: the 112 GEMMs of one decode step of
+#           the Qwen3-0.6B shape, distinct weights, in a CUDA graph: cuBLAS, then a Triton GEMM
+#           without and with PDL).
+# Results go straight to $OUT, so a run cut by the call's limit still returns.
+set -uo pipefail
+part=${1:?usage: session25.sh check|ablate|pdl}
+source benchmark/h200/setup.sh
+R=$OUT/s25-$part && mkdir -p $R
+export PYTHONPATH=python:$PYTHONPATH
+M=models/qwen3-0.6b-random
+case $part in
+check)
+    python3 tools/models.py --only tiny-qwen3 --only tiny-llama > /dev/null
+    { host_speed
+      echo "\$ python3 -m pytest -q -rs tests/test_cuda_graph_cuda.py tests/test_overlap_gpu.py"
+      timeout 200 python3 -m pytest -q -rs tests/test_cuda_graph_cuda.py tests/test_overlap_gpu.py
+    } > $R/tests.txt 2>&1
+    tail -n 6 $R/tests.txt
+    for b in 256 16; do
+        { host_speed
+          echo "\$ python3 benchmark/timeline.py --device cuda --model $M --batch $b"
+          timeout 150 python3 benchmark/timeline.py --device cuda --model $M \
+            --batch $b --json $R/timeline_b$b.json; } > $R/timeline_b$b.txt 2>&1
+        grep -v "capturing" $R/timeline_b$b.txt | tail -n 10
+    done ;;
+ablate)
+    { host_speed
+      echo "\$ python3 benchmark/offline.py --device cuda --model $M --attn flashinfer --ablate overlap cuda-graph custom-kernels radix page-16"
+      timeout 560 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
+          --ablate overlap cuda-graph custom-kernels radix page-16 --json $R/offline.json \
+          --plot $R/offline.png; } > $R/offline.txt 2>&1
+    grep -v "capturing" $R/offline.txt | tail -n 16 ;;
+pdl)
+    { host_speed
+      echo "\$ python3 benchmark/h200/pdl_gemm.py --rows 16 64 128 256"
+      timeout 400 python3 benchmark/h200/pdl_gemm.py --rows 16 64 128 256; } > $R/pdl.txt 2>&1
+    cat $R/pdl.txt ;;
+esac
