@@ -9,7 +9,10 @@
 #   pdl     the same warm machine, no carry: how much of a decode step's GEMM time programmatic
 #           dependent launch could take back (pdl_gemm.py: the 112 GEMMs of one decode step of
 #           the Qwen3-0.6B shape, distinct weights, in a CUDA graph: cuBLAS, then a Triton GEMM
-#           without and with PDL).
+#           without and with PDL; the machine may be a fresh one, carry [".whl", ".dev/smol-tok",
+#           ".dev/old"]); then, as the check call's timeline at batch 16 ran on a host 20% slower
+#           than session 21's, that timeline again on session 21's tree (.dev/old = `git archive
+#           112e913 python benchmark tools tests steps`) and on this one, one after the other.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
 part=${1:?usage: session25.sh check|ablate|pdl}
@@ -42,6 +45,14 @@ ablate)
 pdl)
     { host_speed
       echo "\$ python3 benchmark/h200/pdl_gemm.py --rows 16 64 128 256"
-      timeout 400 python3 benchmark/h200/pdl_gemm.py --rows 16 64 128 256; } > $R/pdl.txt 2>&1
-    cat $R/pdl.txt ;;
+      timeout 330 python3 benchmark/h200/pdl_gemm.py --rows 16 64 128 256; } > $R/pdl.txt 2>&1
+    cat $R/pdl.txt
+    for tree in .dev/old .; do
+        out=$R/timeline_b16_$([ $tree = . ] && echo now || echo s21).txt
+        { host_speed
+          echo "\$ python3 $tree/benchmark/timeline.py --device cuda --model $M --batch 16"
+          PYTHONPATH=$tree/python:$PYTHONPATH timeout 90 python3 $tree/benchmark/timeline.py \
+            --device cuda --model $M --batch 16; } > $out 2>&1
+        grep -v "capturing" $out | tail -n 6
+    done ;;
 esac
