@@ -13,9 +13,12 @@
 #           ".dev/old"]); then, as the check call's timeline at batch 16 ran on a host 20% slower
 #           than session 21's, that timeline again on session 21's tree (.dev/old = `git archive
 #           112e913 python benchmark tools tests steps`) and on this one, one after the other.
+#   ab      the same carry, fresh or warm: the host's speed moved between 0.54 and 1.17 s within
+#           the calls above, and batch 16 follows it; the timeline at batch 16 on session 21's
+#           tree and this one taken in turn, twice each, each with the host's speed next to it.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session25.sh check|ablate|pdl}
+part=${1:?usage: session25.sh check|ablate|pdl|ab}
 source benchmark/h200/setup.sh
 R=$OUT/s25-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -54,5 +57,16 @@ pdl)
           PYTHONPATH=$tree/python:$PYTHONPATH timeout 90 python3 $tree/benchmark/timeline.py \
             --device cuda --model $M --batch 16; } > $out 2>&1
         grep -v "capturing" $out | tail -n 6
+    done ;;
+ab)
+    for round in 1 2; do
+        for tree in .dev/old .; do
+            out=$R/timeline_b16_$([ $tree = . ] && echo now || echo s21)_$round.txt
+            { host_speed
+              echo "\$ python3 $tree/benchmark/timeline.py --device cuda --model $M --batch 16"
+              PYTHONPATH=$tree/python:$PYTHONPATH timeout 90 python3 $tree/benchmark/timeline.py \
+                --device cuda --model $M --batch 16; host_speed; } > $out 2>&1
+            grep -E "host speed|重叠" $out
+        done
     done ;;
 esac
