@@ -16,9 +16,11 @@
 #   ab      the same carry, fresh or warm: the host's speed moved between 0.54 and 1.17 s within
 #           the calls above, and batch 16 follows it; the timeline at batch 16 on session 21's
 #           tree and this one taken in turn, twice each, each with the host's speed next to it.
+#   b256    the same carry: the check call's timeline at batch 256 had the host working longer
+#           than a step (profiler and all); twice more on this tree, the host's speed around each.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session25.sh check|ablate|pdl|ab}
+part=${1:?usage: session25.sh check|ablate|pdl|ab|b256}
 source benchmark/h200/setup.sh
 R=$OUT/s25-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -68,5 +70,13 @@ ab)
                 --device cuda --model $M --batch 16; host_speed; } > $out 2>&1
             grep -E "host speed|重叠" $out
         done
+    done ;;
+b256)
+    for round in 1 2; do
+        { host_speed
+          echo "\$ python3 benchmark/timeline.py --device cuda --model $M --batch 256"
+          timeout 120 python3 benchmark/timeline.py --device cuda --model $M --batch 256 \
+            --json $R/timeline_b256_$round.json; host_speed; } > $R/timeline_b256_$round.txt 2>&1
+        grep -E "host speed|重叠" $R/timeline_b256_$round.txt
     done ;;
 esac
