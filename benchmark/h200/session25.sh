@@ -18,9 +18,13 @@
 #           tree and this one taken in turn, twice each, each with the host's speed next to it.
 #   b256    the same carry: the check call's timeline at batch 256 had the host working longer
 #           than a step (profiler and all); twice more on this tree, the host's speed around each.
+#   nofix   carry [".whl", ".dev/smol-tok", ".dev/nofix"] (`git archive` of this tree with chapter
+#           20's engine.py, the one python/minisgl uses, missing its constructor's
+#           `synchronize(self.device)`): does the GPU test of session 24's race fail without the
+#           fix? Three times on that tree, then once on this one.
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session25.sh check|ablate|pdl|ab|b256}
+part=${1:?usage: session25.sh check|ablate|pdl|ab|b256|nofix}
 source benchmark/h200/setup.sh
 R=$OUT/s25-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
@@ -79,4 +83,14 @@ b256)
             --json $R/timeline_b256_$round.json; host_speed; } > $R/timeline_b256_$round.txt 2>&1
         grep -E "host speed|重叠" $R/timeline_b256_$round.txt
     done ;;
+nofix)
+    python3 tools/models.py --only tiny-qwen3 > /dev/null
+    test=tests/test_cuda_graph_cuda.py::test_a_graph_less_engine_built_on_memory_another_left_behind
+    { host_speed
+      for tree in .dev/nofix .dev/nofix .dev/nofix .; do
+          echo "\$ python3 -m pytest -q $tree/$test   # $tree"
+          ([ $tree = . ] || ln -sfn $PWD/models $tree/models; cd $tree && PYTHONPATH=python:/tmp/site \
+              timeout 100 python3 -m pytest -q -p no:cacheprovider $test 2>&1 | tail -n 4)
+      done; } > $R/nofix.txt 2>&1
+    cat $R/nofix.txt ;;
 esac
