@@ -26,45 +26,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark")]
 from kernel_bench import cycling, weight_copies  # noqa: E402
 from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+from pdl_gemm import triton_mm  # noqa: E402  (its kernel without PDL: the textbook tiled GEMM)
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 PEAK_FLOPS, BANDWIDTH = 989e12, 4.8e12  # H200 bfloat16 dense, HBM3e (chapter 21's roofline)
-
-
-@triton.jit
-def matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """y[M, N] = x[M, K] @ w[N, K].T, one BLOCK_M x BLOCK_N tile a program; K % BLOCK_K == 0."""
-    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    x = x_ptr + rows[:, None] * K + ks[None, :]
-    w = w_ptr + cols[None, :] * K + ks[:, None]  # the tile of w.T: [BLOCK_K, BLOCK_N]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        a = tl.load(x, mask=rows[:, None] < M, other=0.0)
-        b = tl.load(w, mask=cols[None, :] < N, other=0.0)
-        acc = tl.dot(a, b, acc)
-        x += BLOCK_K
-        w += BLOCK_K
-    tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-def triton_linear(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, config: tuple) -> None:
-    bm, bn, bk, stages, warps = config
-    (m, k), n = x.shape, w.shape[0]
-    matmul_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
-        x, w, y, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_stages=stages,
-        num_warps=warps)
 
 
 def configs(rows: int) -> list[tuple]:
@@ -105,7 +76,7 @@ def main() -> None:
             for config in [] if args.no_triton else configs(rows):
                 try:
                     t = best_microseconds(cycling([
-                        lambda w=w: triton_linear(x, w, y, config) for w in weights]),
+                        lambda w=w: triton_mm(x, w, y, config, False, False) for w in weights]),
                         args.iters, args.rounds)
                 except OutOfResources:  # too much shared memory for this tile: skip it
                     continue
@@ -113,7 +84,7 @@ def main() -> None:
                     best, best_config = t, config
             diff = float("nan")
             if best_config is not None:
-                triton_linear(x, weights[0], y, best_config)
+                triton_mm(x, weights[0], y, best_config, False, False)
                 diff = (y.float() - F.linear(x, weights[0]).float()).abs().max().item()
             for i, t in enumerate((bound * 1e6, cublas, lt, best)):
                 per_layer[rows][i] += t

@@ -1,25 +1,27 @@
-"""How much of a decode step's GEMM time is each kernel's start, and how much of it programmatic
-dependent launch (PDL) takes back (issue 27, session 25).
+"""A decode step's 112 GEMMs in one CUDA graph: cuBLAS, a Triton GEMM with and without PDL.
+
+Issue 27, session 25; PDL is programmatic dependent launch.
 
 One decode step of the Qwen3-0.6B shape runs 112 GEMMs (28 layers x qkv, o, gate_up, down) on
 `rows` tokens. Alone, each costs cuBLAS 5-8 us where its weights at the read speed need 0.9-3
-(gemm_shapes.py), and even with its weights in the L2 3.6-7 (--hot): most of the time is the
-kernel's start and its first loads, which a kernel cannot overlap with the one before it. PDL
-lets it: launched with launch_pdl, a kernel starts while the previous one still runs, does what
-does not need its output (index math, and here, optionally, pulling its own weight panel into
-the L2), and waits for it only at `gdc_wait`; the previous one lets it start early with
-`gdc_launch_dependents`. The engine cannot ask cuBLAS for that, so the question is whether a
-Triton GEMM with PDL, slower than cuBLAS alone, is faster in a chain.
+(gemm_shapes.py), and 3.6-7 even with its weights in the L2 (--hot). Part of that may be the
+kernel's start, which PDL can overlap with the kernel before it: launched with launch_pdl, a
+kernel starts while the previous one still runs, does what does not need that one's output
+(index math, and here, optionally, asking the L2 for its own weight panel) and waits for it
+only at `gdc_wait`; the previous kernel lets it start early with `gdc_launch_dependents`. The
+engine cannot ask cuBLAS for that, so the question is whether a Triton GEMM with PDL is faster
+than cuBLAS in a chain, where it matters, rather than alone.
 
-The chain here is the 112 GEMMs of one step with 28 layers' own weights (880 MB: none is in the
-L2 when its turn comes), each reading the output of one before it where the model does (o ->
-gate_up, down -> the next qkv), captured in one CUDA graph and replayed, median of --reps:
-- cuBLAS: torch.mm, what F.linear calls;  cuBLAS hot: one layer's weights for all 28 (in the L2);
+The chain is the 112 GEMMs of one step with 28 layers' own weights (880 MB: none is in the L2
+when its turn comes), each reading the output of the one before it where the model does
+(o -> gate_up, down -> the next qkv), captured in one CUDA graph and replayed, median of --reps:
+- cuBLAS: torch.mm, what F.linear calls;  hot: the same with one layer's weights for all 28;
 - Triton: a plain tiled GEMM, its tile per projection and row count the fastest of a sweep
-  (timed in a chain of that projection alone);
-- Triton + PDL: the same kernels, launched with launch_pdl; each lets the next start at once;
-- Triton + PDL + L2: the same, and before waiting each kernel asks the L2 for its weight panel.
-Bound: the chain's weights and activations at 4.26 TB/s (read_speed.py, session 24).
+  (each timed in a chain of that projection alone);
+- +PDL: the same kernels, launched with launch_pdl; each lets the next one start at once;
+- +PDL+L2: the same, and before waiting each kernel asks the L2 for its weight panel.
+Bound: the chain's weights and activations at 4.26 TB/s (read_speed.py, session 24). The last
+column says whether the three Triton variants give the same output to the bit.
 
     python benchmark/h200/pdl_gemm.py [--rows 16 64 128 256] [--reps 20]
 """
