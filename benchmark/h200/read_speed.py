@@ -13,7 +13,8 @@ block, so nothing is written to speak of):
         contiguous run of the request's tokens
 
 each at a few tile sizes and warp counts (the best is printed), next to torch's copy of the
-same bytes (read once, written once). Timed back to back between CUDA events, 20 launches.
+same bytes (read once, written once). Each is the best of 3 x 20 launches back to back
+between CUDA events (minisgl/benchmark/perf.py, eager).
 
     python benchmark/h200/read_speed.py [--batch 256] [--context 718]
 """
@@ -21,24 +22,34 @@ same bytes (read once, written once). Timed back to back between CUDA events, 20
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from minisgl.benchmark.perf import best_microseconds  # noqa: E402
+
 KV_HEADS, HEAD_DIM = 8, 128
+# A (request, KV head) block's (request, head, token) strides in the two pool orders.
+ORDERS = {"head": lambda context: (context * KV_HEADS * HEAD_DIM, HEAD_DIM, KV_HEADS * HEAD_DIM),
+          "run": lambda context: (KV_HEADS * context * HEAD_DIM, context * HEAD_DIM, HEAD_DIM)}
 
 
 @triton.jit
-def head_kernel(k, v, out, context, TILE: tl.constexpr, DIM: tl.constexpr,
-                HEADS: tl.constexpr):
+def head_kernel(k, v, out, context, req_stride, head_stride, token_stride, TILE: tl.constexpr,
+                DIM: tl.constexpr, HEADS: tl.constexpr):
+    # One block a (request, KV head); the strides give the pool's order (ORDERS).
     req, head = tl.program_id(0), tl.program_id(1)
-    base = req * context * HEADS * DIM + head * DIM
+    base = req * req_stride + head * head_stride
     dims = tl.arange(0, DIM)
     acc = tl.zeros([TILE, DIM], dtype=tl.float32)
     for t0 in range(0, context, TILE):
         tokens = t0 + tl.arange(0, TILE)
-        at = base + tokens[:, None] * (HEADS * DIM) + dims[None, :]
+        at = base + tokens[:, None] * token_stride + dims[None, :]
         mask = tokens[:, None] < context
         acc += tl.load(k + at, mask=mask, other=0.0).to(tl.float32)
         acc += tl.load(v + at, mask=mask, other=0.0).to(tl.float32)
@@ -61,35 +72,9 @@ def row_kernel(k, v, out, context, chunk, TILE: tl.constexpr, ROW: tl.constexpr)
     tl.store(out + (req * tl.num_programs(1) + part) * ROW + cols, tl.sum(acc, axis=0))
 
 
-@triton.jit
-def run_kernel(k, v, out, context, TILE: tl.constexpr, DIM: tl.constexpr,
-               HEADS: tl.constexpr):
-    req, head = tl.program_id(0), tl.program_id(1)
-    base = (req * HEADS + head) * context * DIM
-    dims = tl.arange(0, DIM)
-    acc = tl.zeros([TILE, DIM], dtype=tl.float32)
-    for t0 in range(0, context, TILE):
-        tokens = t0 + tl.arange(0, TILE)
-        at = base + tokens[:, None] * DIM + dims[None, :]
-        mask = tokens[:, None] < context
-        acc += tl.load(k + at, mask=mask, other=0.0).to(tl.float32)
-        acc += tl.load(v + at, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out + (req * HEADS + head) * DIM + dims, tl.sum(acc, axis=0))
-
-
-def microseconds(launch, launches: int = 20) -> float:
-    launch()  # compile, warm
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(launches):
-            launch()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1000 / launches)
-    return best
+def eager_microseconds(launch: Callable[[], object]) -> float:
+    # Eager: each of these launches takes longer on the GPU than on the host.
+    return best_microseconds(launch, iters=20, rounds=3, graph=False)
 
 
 def main() -> None:
@@ -106,7 +91,7 @@ def main() -> None:
           f"context {context}: {read / 1e6:.0f} MB of K and V a layer")
 
     copy_to = torch.empty_like(k)
-    copy_us = microseconds(lambda: (copy_to.copy_(k), copy_to.copy_(v)))
+    copy_us = eager_microseconds(lambda: (copy_to.copy_(k), copy_to.copy_(v)))
     print(f"  {'torch copy (read + write)':34s} {copy_us:9.1f} µs  "
           f"{2 * read / copy_us / 1e6:5.2f} TB/s moved  {read / copy_us / 1e6:5.2f} TB/s read")
 
@@ -114,20 +99,18 @@ def main() -> None:
     rows = []
     for tile in (8, 16, 32, 64):
         for warps in (2, 4, 8):
-            rows.append((f"head  tile {tile:2d} warps {warps}", microseconds(
-                lambda: head_kernel[(batch, KV_HEADS)](k, v, out, context, TILE=tile,
-                                                       DIM=HEAD_DIM, HEADS=KV_HEADS,
-                                                       num_warps=warps))))
-            rows.append((f"run   tile {tile:2d} warps {warps}", microseconds(
-                lambda: run_kernel[(batch, KV_HEADS)](k, v, out, context, TILE=tile,
-                                                      DIM=HEAD_DIM, HEADS=KV_HEADS,
-                                                      num_warps=warps))))
+            for kind, strides in ORDERS.items():
+                rows.append((f"{kind:5s} tile {tile:2d} warps {warps}", eager_microseconds(
+                    lambda: head_kernel[(batch, KV_HEADS)](
+                        k, v, out, context, *strides(context), TILE=tile, DIM=HEAD_DIM,
+                        HEADS=KV_HEADS, num_warps=warps))))
         for chunk in (128, 256):
             if tile * KV_HEADS * HEAD_DIM > 16384:
                 continue  # a tile of more than 32 KB of registers a load
             for warps in (4, 8):
                 parts = -(-context // chunk)
-                rows.append((f"row   tile {tile:2d} warps {warps} chunk {chunk}", microseconds(
+                name = f"row   tile {tile:2d} warps {warps} chunk {chunk}"
+                rows.append((name, eager_microseconds(
                     lambda: row_kernel[(batch, parts)](k, v, out, context, chunk, TILE=tile,
                                                        ROW=KV_HEADS * HEAD_DIM,
                                                        num_warps=warps))))

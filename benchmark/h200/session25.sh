@@ -22,9 +22,18 @@
 #           20's engine.py, the one python/minisgl uses, missing its constructor's
 #           `synchronize(self.device)`): does the GPU test of session 24's race fail without the
 #           fix? Three times on that tree, then once on this one.
+#   review  a fresh machine, no carry: read_speed.py after the review (its two (request, KV
+#           head) kernels are one with strides, its timing is minisgl/benchmark/perf.py's), to
+#           see that it still runs and reads as before (session 24: head 176.6 us at batch 256).
 # Results go straight to $OUT, so a run cut by the call's limit still returns.
 set -uo pipefail
-part=${1:?usage: session25.sh check|ablate|pdl|ab|b256|nofix}
+part=${1:?usage: session25.sh check|ablate|pdl|ab|b256|nofix|review}
+if [ $part = review ]; then  # torch and triton only: the image has them
+    mkdir -p $OUT/s25-review
+    PYTHONPATH=python timeout 300 python3 benchmark/h200/read_speed.py --batch 256 --context 718 \
+        2>&1 | tee $OUT/s25-review/read_speed.txt
+    exit
+fi
 source benchmark/h200/setup.sh
 R=$OUT/s25-$part && mkdir -p $R
 export PYTHONPATH=python:$PYTHONPATH
