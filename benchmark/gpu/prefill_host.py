@@ -6,7 +6,7 @@ one such step in LLM.generate (8 prompts of 1,024 random tokens, max_tokens 1: o
 step, no decode) three times for its wall time, then once under torch.profiler, and lists the
 host (self CPU) time by op, next to the device total.
 
-    python benchmark/h200/prefill_host.py [--model models/qwen3-0.6b-random]
+    python benchmark/gpu/prefill_host.py [--model models/qwen3-0.6b-random]
 """
 
 from __future__ import annotations

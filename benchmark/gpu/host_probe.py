@@ -11,7 +11,7 @@ prompt of an earlier run. Then the detokenization generate() ends with, timed on
 tokenizer.decode per request, as generate() does, against one batch call into the Rust
 tokenizer (backend_tokenizer.decode_batch) on the same ids.
 
-    python benchmark/h200/host_probe.py [--model models/qwen3-0.6b-random] [--rounds 2]
+    python benchmark/gpu/host_probe.py [--model models/qwen3-0.6b-random] [--rounds 2]
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ when its turn comes), each reading the output of the one before it where the mod
 Bound: the chain's weights and activations at 4.26 TB/s (read_speed.py, session 24). The last
 column says whether the three Triton variants give the same output to the bit.
 
-    python benchmark/h200/pdl_gemm.py [--rows 16 64 128 256] [--reps 20]
+    python benchmark/gpu/pdl_gemm.py [--rows 16 64 128 256] [--reps 20]
 """
 
 from __future__ import annotations

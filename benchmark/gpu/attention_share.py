@@ -11,7 +11,7 @@ positions every time): the GPU's time for the step's forward, no host, no profil
 difference over the layers is what a layer's attention costs inside the step; next to it, the
 kernel alone on the same contexts, as decode_attention.py times it.
 
-    python benchmark/h200/attention_share.py [--batch 256] [--prompt-len 700]
+    python benchmark/gpu/attention_share.py [--batch 256] [--prompt-len 700]
 
 One batch a process (session22.sh runs three), each engine with a pool of its own size: a later
 engine of a process, sized by free memory, found less of it than the first.
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from decode_attention import ours_microseconds  # noqa: E402
 from decode_profile import decoding  # noqa: E402
 from minisgl.attention import flashinfer_backend  # noqa: E402

@@ -16,7 +16,7 @@ each at a few tile sizes and warp counts (the best is printed), next to torch's 
 same bytes (read once, written once). Each is the best of 3 x 20 launches back to back
 between CUDA events (minisgl/benchmark/perf.py, eager).
 
-    python benchmark/h200/read_speed.py [--batch 256] [--context 718]
+    python benchmark/gpu/read_speed.py [--batch 256] [--context 718]
 """
 
 from __future__ import annotations

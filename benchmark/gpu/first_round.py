@@ -10,7 +10,7 @@ last). Each round's line also counts Python's full garbage collections during it
 The last lines are round 1 minus the median of the later rounds, part by part; round 1's steps
 that lost the most against the same steps of round 2; and each prefill step of both.
 
-    python benchmark/h200/first_round.py [--model models/qwen3-0.6b-random] [--rounds 3]
+    python benchmark/gpu/first_round.py [--model models/qwen3-0.6b-random] [--rounds 3]
         [--also-warm-up 16415]
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from roofline import Recording, record  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
 

@@ -13,7 +13,7 @@ Each op runs --iters times captured in one CUDA graph and replayed between two C
 of --rounds (minisgl/benchmark/perf.py); the weights cycle through copies until a cycle holds
 4 x the L2 (kernel_bench.py), as 28 layers' weights do.
 
-    python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
+    python benchmark/gpu/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until 
 4 x the L2, with kernel_bench.py's L2 size and turn-taking, so each call reads its weight from
 memory. TB/s counts the weight's bytes only.
 
-    python benchmark/h200/gemv_bench.py [--rows 1 2 3 4]
+    python benchmark/gpu/gemv_bench.py [--rows 1 2 3 4]
 """
 
 from __future__ import annotations

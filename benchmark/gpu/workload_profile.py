@@ -15,7 +15,7 @@ lengths are the workload's, and the radix cache finds no prompt of an earlier ru
 --requests N keeps the workload's first N requests: a run of small decode batches, where the
 host's work per step, not the GPU, may set the pace.
 
-    python benchmark/h200/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
+    python benchmark/gpu/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
                                               [--requests N]
 """
 
