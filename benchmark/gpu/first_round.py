@@ -1,8 +1,7 @@
-"""Where a process's first round of the official workload loses its time (issue 27).
+"""Where a process's first round of the official workload loses its time.
 
-benchmark/offline.py builds a new LLM for every round, in one process; its first round has
-often been 0.1-0.2 s slower than the next ones (5.756 against 5.570 and 5.563 s in session 22),
-and the official harness times only a first round. This runs the workload --rounds times as
+benchmark/offline.py builds a new LLM for every round, in one process; its first round can be
+0.1-0.2 s slower than the next ones, and the official harness times only a first round. This runs the workload --rounds times as
 offline.py does (a new LLM each round, the same short warm-up), with roofline.py's recorder on
 the engine's launches, and splits each round's wall time: the prefill steps, the decode steps,
 the idle stream before each kind of step, and the rest (before the first step and after the

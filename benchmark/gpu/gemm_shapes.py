@@ -1,4 +1,4 @@
-"""Qwen3-0.6B's four projections at decode batch sizes 16-256 (issue 27): cuBLAS as F.linear
+"""Qwen3-0.6B's four projections at decode batch sizes 16-256: cuBLAS as F.linear
 calls it, cuBLAS through cublasLt, and a plain Triton matmul at the best of a sweep of tile
 shapes, each against the shape's bound.
 

@@ -1,5 +1,5 @@
-"""Two pieces of the host's work in the official offline workload that no step contains
-(issue 27): Python's garbage collector, and turning the output ids into text at the end.
+"""Two pieces of the host's work in the official offline workload that no step contains:
+Python's garbage collector, and turning the output ids into text at the end.
 
 One LLM, after its warm-up, runs the workload of benchmark/offline.py (256 requests, 133,966
 output tokens, temperature 0.6, page_size 256) --rounds times, each round twice: as the

@@ -1,4 +1,4 @@
-"""What the host does while the GPU waits during the official workload's prefill (issue 27).
+"""What the host does while the GPU waits during the official workload's prefill.
 
 Chapter 21's roofline gives the workload's 9 prefill steps 0.43 s on the engine's stream and
 78 ms of idle stream before them, while their kernels take about 0.29 s: about 0.2 s in which

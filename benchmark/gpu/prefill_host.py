@@ -1,4 +1,4 @@
-"""Where an eager prefill step's host time goes, op by op (issue 26's remaining ITL gap).
+"""Where an eager prefill step's host time goes, op by op.
 
 In the server a prefill step costs 16-22 ms on the H200's hosts, and decoding requests wait for
 it (chapter 15). Its GPU work for 8,192 tokens of Qwen3-0.6B is far less than that. This runs

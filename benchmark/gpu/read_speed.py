@@ -1,4 +1,4 @@
-"""How fast can a kernel read a decode step's keys and values on this GPU (issue 27)?
+"""How fast can a kernel read a decode step's keys and values on this GPU?
 
 Chapter 19's decode attention reads a batch-256 layer's K/V at about 4.0 TB/s, as fast as
 torch copies memory; the roofline's bound assumes the data sheet's 4.8. Is the rest of the way

@@ -1,4 +1,4 @@
-"""Where the official offline workload's time goes, on the host and on the GPU (issue 27).
+"""Where the official offline workload's time goes, on the host and on the GPU.
 
 The workload of benchmark/offline.py (256 requests, 133,966 output tokens, temperature 0.6,
 page_size 256), run by one LLM after its warm-up, several times:
