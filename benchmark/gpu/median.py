@@ -51,8 +51,8 @@ def serving(paths: list[str]) -> list[str]:
                 measures[f"{label}：TTFT p50 ms（≤ 150）"].append(run["ttft_ms"]["p50"])
     lines = []
     for name, values in measures.items():
-        percent = "80%" in name
-        fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:.2f}")
+        fmt = ((lambda v: f"{v:.0%}") if "80%" in name else
+               (lambda v: f"{v:.0f}") if "ms" in name else (lambda v: f"{v:.2f}"))
         lines.append(f"  {name}：{' / '.join(map(fmt, values))}，"
                      f"{len(values)} 次的中位数 {fmt(statistics.median(values))}")
     return lines

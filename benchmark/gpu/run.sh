@@ -214,10 +214,11 @@ part_mains() {  # chapters 17-20: each chapter's main, built on its own, on the 
     for slug in ch17_gpu_attention ch18_cuda_graph ch19_cuda_kernels ch20_moe; do
         local n=${slug:2:2}
         start ${slug}_main.h200.txt
-        note "\$ python3 tools/steps.py build $n /tmp/ch$n && cd /tmp/ch$n && python3 main.py"
-        rm -rf /tmp/ch$n
-        quiet 150 bash -c "python3 tools/steps.py build $n /tmp/ch$n > /dev/null \
-            && cd /tmp/ch$n && PYTHONPATH=.:/tmp/site python3 main.py"
+        local dir=/tmp/gpu-mains/ch$n
+        note "\$ python3 tools/steps.py build $n $dir && cd $dir && python3 main.py"
+        rm -rf $dir
+        quiet 150 bash -c "python3 tools/steps.py build $n $dir > /dev/null \
+            && cd $dir && PYTHONPATH=.:/tmp/site python3 main.py"
         show ${slug}_main.h200.txt 4
     done
 }
