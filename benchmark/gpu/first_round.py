@@ -1,8 +1,7 @@
-"""Where a process's first round of the official workload loses its time (issue 27).
+"""Where a process's first round of the official workload loses its time.
 
-benchmark/offline.py builds a new LLM for every round, in one process; its first round has
-often been 0.1-0.2 s slower than the next ones (5.756 against 5.570 and 5.563 s in session 22),
-and the official harness times only a first round. This runs the workload --rounds times as
+benchmark/offline.py builds a new LLM for every round, in one process; its first round can be
+0.1-0.2 s slower than the next ones, and the official harness times only a first round. This runs the workload --rounds times as
 offline.py does (a new LLM each round, the same short warm-up), with roofline.py's recorder on
 the engine's launches, and splits each round's wall time: the prefill steps, the decode steps,
 the idle stream before each kind of step, and the rest (before the first step and after the
@@ -10,7 +9,7 @@ last). Each round's line also counts Python's full garbage collections during it
 The last lines are round 1 minus the median of the later rounds, part by part; round 1's steps
 that lost the most against the same steps of round 2; and each prefill step of both.
 
-    python benchmark/h200/first_round.py [--model models/qwen3-0.6b-random] [--rounds 3]
+    python benchmark/gpu/first_round.py [--model models/qwen3-0.6b-random] [--rounds 3]
         [--also-warm-up 16415]
 """
 
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from roofline import Recording, record  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
 

@@ -1,6 +1,6 @@
 """A decode step's 112 GEMMs in one CUDA graph: cuBLAS, a Triton GEMM with and without PDL.
 
-Issue 27, session 25; PDL is programmatic dependent launch.
+PDL is programmatic dependent launch.
 
 One decode step of the Qwen3-0.6B shape runs 112 GEMMs (28 layers x qkv, o, gate_up, down) on
 `rows` tokens. Alone, each costs cuBLAS 5-8 us where its weights at the read speed need 0.9-3
@@ -20,10 +20,10 @@ when its turn comes), each reading the output of the one before it where the mod
   (each timed in a chain of that projection alone);
 - +PDL: the same kernels, launched with launch_pdl; each lets the next one start at once;
 - +PDL+L2: the same, and before waiting each kernel asks the L2 for its weight panel.
-Bound: the chain's weights and activations at 4.26 TB/s (read_speed.py, session 24). The last
+Bound: the chain's weights and activations at 4.26 TB/s (read_speed.py). The last
 column says whether the three Triton variants give the same output to the bit.
 
-    python benchmark/h200/pdl_gemm.py [--rows 16 64 128 256] [--reps 20]
+    python benchmark/gpu/pdl_gemm.py [--rows 16 64 128 256] [--reps 20]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ LAYERS = 28
 HIDDEN, ATTN, INTER = 1024, 2048, 3072  # Qwen3-0.6B: 16 query heads x 128 = 2048
 SHAPES = {"qkv": (4096, HIDDEN), "o": (HIDDEN, ATTN), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER)}  # name: (out features N, in features K)
-READ_SPEED = 4.26e12  # bytes/s, a read-only kernel on this H200 (read_speed.py, session 24)
+READ_SPEED = 4.26e12  # bytes/s, a read-only kernel on this H200 (read_speed.py)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Where the official offline workload's time goes, on the host and on the GPU (issue 27).
+"""Where the official offline workload's time goes, on the host and on the GPU.
 
 The workload of benchmark/offline.py (256 requests, 133,966 output tokens, temperature 0.6,
 page_size 256), run by one LLM after its warm-up, several times:
@@ -15,7 +15,7 @@ lengths are the workload's, and the radix cache finds no prompt of an earlier ru
 --requests N keeps the workload's first N requests: a run of small decode batches, where the
 host's work per step, not the GPU, may set the pace.
 
-    python benchmark/h200/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
+    python benchmark/gpu/workload_profile.py [--model models/qwen3-0.6b-random] [--out DIR]
                                               [--requests N]
 """
 

@@ -1,5 +1,5 @@
-"""Two pieces of the host's work in the official offline workload that no step contains
-(issue 27): Python's garbage collector, and turning the output ids into text at the end.
+"""Two pieces of the host's work in the official offline workload that no step contains:
+Python's garbage collector, and turning the output ids into text at the end.
 
 One LLM, after its warm-up, runs the workload of benchmark/offline.py (256 requests, 133,966
 output tokens, temperature 0.6, page_size 256) --rounds times, each round twice: as the
@@ -11,7 +11,7 @@ prompt of an earlier run. Then the detokenization generate() ends with, timed on
 tokenizer.decode per request, as generate() does, against one batch call into the Rust
 tokenizer (backend_tokenizer.decode_batch) on the same ids.
 
-    python benchmark/h200/host_probe.py [--model models/qwen3-0.6b-random] [--rounds 2]
+    python benchmark/gpu/host_probe.py [--model models/qwen3-0.6b-random] [--rounds 2]
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ head; Qwen3-0.6B has 2 (16 query heads, 8 KV heads), so its decode runs the CUDA
 At batch 256 that kernel is about 1.25x the time its K and V take to read (chapter 21). This
 measures both paths on the model's shapes, so the threshold is a measurement, not a guess.
 
-    python benchmark/h200/decode_attention.py [--batch 64 128 256] [--context 512 1024]
-    python benchmark/h200/decode_attention.py --graph --batch 1 2 4 8 --page-size 16
+    python benchmark/gpu/decode_attention.py [--batch 64 128 256] [--context 512 1024]
+    python benchmark/gpu/decode_attention.py --graph --batch 1 2 4 8 --page-size 16
 
 One layer's decode attention, eager calls between CUDA events (each call is 50 µs or more at
 these sizes, so the host stays ahead of the GPU), best of 5 rounds of 20 calls; GB/s counts the

@@ -1,4 +1,4 @@
-"""What the host does while the GPU waits during the official workload's prefill (issue 27).
+"""What the host does while the GPU waits during the official workload's prefill.
 
 Chapter 21's roofline gives the workload's 9 prefill steps 0.43 s on the engine's stream and
 78 ms of idle stream before them, while their kernels take about 0.29 s: about 0.2 s in which
@@ -16,7 +16,7 @@ the C functions they call: a torch op, a kernel's launch) with the most time of 
 times every F.linear call of those steps: a shape's first call against its repeats, the slowest
 calls, and what the CUDA caching allocator did meanwhile (cudaMalloc, cudaFree, retries).
 
-    python benchmark/h200/prefill_gaps.py [--model models/qwen3-0.6b-random] [--no-profiler]
+    python benchmark/gpu/prefill_gaps.py [--model models/qwen3-0.6b-random] [--no-profiler]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from timeline import RangedEvent, Span, merge, ranged, total  # noqa: E402
 from workload_profile import official_llm  # noqa: E402
 # The module, not the function the package exports under the same name.

@@ -1,7 +1,7 @@
-"""What decode attention costs inside a whole decode step, without a profiler (issue 27).
+"""What decode attention costs inside a whole decode step, without a profiler.
 
-Session 21 found chapter 19's decode attention 7-11% slower inside a step (decode_profile.py,
-under torch.profiler) than alone (decode_attention.py --graph, back to back in a graph), but the
+Under torch.profiler (decode_profile.py) chapter 19's decode attention can look slower inside a
+step than alone (decode_attention.py --graph, back to back in a graph), but the
 two differ in more than the neighbours: the profiler, and the contexts (the step's grow by a
 token a step past the prompt). Here one engine is built twice: as it is, and with every layer's
 attention taken out of the captured decode graphs (the backend's forward returns the queries;
@@ -11,10 +11,11 @@ positions every time): the GPU's time for the step's forward, no host, no profil
 difference over the layers is what a layer's attention costs inside the step; next to it, the
 kernel alone on the same contexts, as decode_attention.py times it.
 
-    python benchmark/h200/attention_share.py [--batch 256] [--prompt-len 700]
+    python benchmark/gpu/attention_share.py [--batch 256] [--prompt-len 700]
 
-One batch a process (session22.sh runs three), each engine with a pool of its own size: a later
-engine of a process, sized by free memory, found less of it than the first.
+One batch a process (benchmark/gpu/run.sh's `profile` runs three), each engine with a pool of
+its own size: a later engine of a process, sized by free memory, would find less of it than the
+first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/h200")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from decode_attention import ours_microseconds  # noqa: E402
 from decode_profile import decoding  # noqa: E402
 from minisgl.attention import flashinfer_backend  # noqa: E402
@@ -48,7 +49,7 @@ def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
         backend.forward = no_decode_attention  # type: ignore[method-assign]
     try:
         # A fixed pool, as large as the batch needs: sized by free memory, the second engine of
-        # a process got what the first left and fewer requests fit (session 22's first runs).
+        # a process would get what the first left, and fewer requests would fit.
         llm = LLM(model, dtype=torch.bfloat16, max_running_req=batch, page_size=256,
                   max_seq_len_override=prompt_len + 512, device="cuda",
                   num_page_override=batch * -(-(prompt_len + 512) // 256))
@@ -64,8 +65,8 @@ def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
     for _ in range(5):
         scheduler.step()
     contexts = [r.device_len for r in scheduler.in_flight.batch.reqs]  # type: ignore[union-attr]
-    # Session 22's first run measured "batch 256" with 64 requests in flight: fewer fit in
-    # the pool of a later engine of the process. This says if it happens again.
+    # A pool too small for the batch would run fewer requests than asked: say so, rather
+    # than time another batch size.
     if len(contexts) != batch:
         raise RuntimeError(f"{len(contexts)} requests in flight, not {batch}")
     torch.cuda.synchronize()

@@ -6,8 +6,8 @@ of --rounds (minisgl/benchmark/perf.py). The same logits every call: at batch 16
 stay in the L2, as in the engine, where the LM head has just written them. The tokens' sum (seed
 1, draw 0) is printed with each time: two trees that draw the same tokens print the same sums.
 
-    python benchmark/h200/sample_bench.py [--batch 1 4 16 64 256]
-    PYTHONPATH=<another tree>/python python benchmark/h200/sample_bench.py   # that tree's kernel
+    python benchmark/gpu/sample_bench.py [--batch 1 4 16 64 256]
+    PYTHONPATH=<another tree>/python python benchmark/gpu/sample_bench.py   # that tree's kernel
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How fast can a kernel read a decode step's keys and values on this GPU (issue 27)?
+"""How fast can a kernel read a decode step's keys and values on this GPU?
 
 Chapter 19's decode attention reads a batch-256 layer's K/V at about 4.0 TB/s, as fast as
 torch copies memory; the roofline's bound assumes the data sheet's 4.8. Is the rest of the way
@@ -16,7 +16,7 @@ each at a few tile sizes and warp counts (the best is printed), next to torch's 
 same bytes (read once, written once). Each is the best of 3 x 20 launches back to back
 between CUDA events (minisgl/benchmark/perf.py, eager).
 
-    python benchmark/h200/read_speed.py [--batch 256] [--context 718]
+    python benchmark/gpu/read_speed.py [--batch 256] [--context 718]
 """
 
 from __future__ import annotations

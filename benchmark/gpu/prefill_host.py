@@ -1,4 +1,4 @@
-"""Where an eager prefill step's host time goes, op by op (issue 26's remaining ITL gap).
+"""Where an eager prefill step's host time goes, op by op.
 
 In the server a prefill step costs 16-22 ms on the H200's hosts, and decoding requests wait for
 it (chapter 15). Its GPU work for 8,192 tokens of Qwen3-0.6B is far less than that. This runs
@@ -6,7 +6,7 @@ one such step in LLM.generate (8 prompts of 1,024 random tokens, max_tokens 1: o
 step, no decode) three times for its wall time, then once under torch.profiler, and lists the
 host (self CPU) time by op, next to the device total.
 
-    python benchmark/h200/prefill_host.py [--model models/qwen3-0.6b-random]
+    python benchmark/gpu/prefill_host.py [--model models/qwen3-0.6b-random]
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Chapter 19's GEMV kernel against F.linear (cuBLAS) on Qwen3-0.6B's projections at 1-4 rows,
-the decode step's matmuls at batch 1-4 (issue 27: batch-1 decode spends 0.87 of its 1.52 GPU ms
-in them, reading 1.19 GB of weights at about 1.4 TB/s).
+the decode step's matmuls at batch 1-4, where a batch-1 decode step spends most of its GPU time
+reading 1.19 GB of weights.
 
 Each op runs --iters times captured in one CUDA graph and replayed between two CUDA events, best
 of --rounds (minisgl/benchmark/perf.py). The weights cycle through copies until one cycle holds
 4 x the L2, with kernel_bench.py's L2 size and turn-taking, so each call reads its weight from
 memory. TB/s counts the weight's bytes only.
 
-    python benchmark/h200/gemv_bench.py [--rows 1 2 3 4]
+    python benchmark/gpu/gemv_bench.py [--rows 1 2 3 4]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Qwen3-0.6B's four projections at decode batch sizes 16-256 (issue 27): cuBLAS as F.linear
+"""Qwen3-0.6B's four projections at decode batch sizes 16-256: cuBLAS as F.linear
 calls it, cuBLAS through cublasLt, and a plain Triton matmul at the best of a sweep of tile
 shapes, each against the shape's bound.
 
@@ -13,7 +13,7 @@ Each op runs --iters times captured in one CUDA graph and replayed between two C
 of --rounds (minisgl/benchmark/perf.py); the weights cycle through copies until a cycle holds
 4 x the L2 (kernel_bench.py), as 28 layers' weights do.
 
-    python benchmark/h200/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
+    python benchmark/gpu/gemm_shapes.py [--rows 16 32 64 128 256] [--hot] [--no-triton]
 """
 
 from __future__ import annotations

