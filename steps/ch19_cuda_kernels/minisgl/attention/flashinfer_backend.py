@@ -24,13 +24,13 @@ WORKSPACE_BYTES = 128 << 20
 HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are built for
 # Captured decode steps run chapter 19's kernel (csrc/decode_attention.cu) instead of
 # FlashInfer's: one launch a layer stores the new token's K/V and attends, with no plan on the
-# host. On an H200, for Qwen3-0.6B's heads, ours is faster at batch 1-2 (FlashInfer cuts a
-# request into chunks of at least 128 tokens, too few to fill the GPU) and from batch 32 on as
-# fast or faster, but 5% slower at batch 256 with 2,048-token contexts and up to 20% at batch 8
-# with 4,096 (book/runs/ch19_decode_attention_s16.h200.txt, benchmark/h200/decode_attention.py);
-# the official workload is 1.7% faster than with ours at batch 1-2 only (ch21_offline_s16).
+# host. Under a CUDA graph FlashInfer cuts a request into chunks of at least 128 tokens, too
+# few blocks to fill the GPU at small batches, and needs a plan on the host before each replay;
+# ours plans on the device (prepare_in_graph) and sizes its chunks to fill one wave of blocks.
+# The two add up in different orders, so bfloat16 greedy tokens may differ at near ties.
+# The model must fit the kernel's builds (head sizes, group sizes); otherwise FlashInfer runs.
 # MINISGL_OWN_DECODE_MAX_BATCH=N keeps ours to graphs of at most N requests, FlashInfer's above:
-# for measuring both kernels at the same sizes (benchmark/h200/session16.sh).
+# for comparing both kernels at the same sizes in one process.
 _own_bound = os.environ.get("MINISGL_OWN_DECODE_MAX_BATCH")
 if _own_bound is not None and not _own_bound.isdigit():
     raise ValueError(f"MINISGL_OWN_DECODE_MAX_BATCH must be a whole number, not {_own_bound!r}")

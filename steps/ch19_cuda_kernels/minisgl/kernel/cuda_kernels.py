@@ -72,8 +72,8 @@ def _library(name: str, device: torch.device) -> ctypes.CDLL:
 
 
 # Cached per process: asking the device again and setting every exported function's types
-# again (a name the library lacks is a failed lookup and an exception inside ctypes) cost the
-# H200's host up to about 0.1 ms a call, and an eager prefill step makes ~60 calls.
+# again (a name the library lacks is a failed lookup and an exception inside ctypes) is host
+# work on every call, and an eager prefill step makes a few calls per layer.
 @cache
 def _arch(index: int | None) -> str:
     major, minor = torch.cuda.get_device_capability(index)
@@ -197,7 +197,7 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
     return buffer[:rows]
 
 
-GEMV_MAX_ROWS = 4  # from 8 rows on, cuBLAS is faster on the H200 (benchmark/h200/gemv_bench.py)
+GEMV_MAX_ROWS = 4  # each row re-reads x from cache per weight piece; more rows suit cuBLAS tiles
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Tensor | None:
@@ -225,9 +225,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Te
 DECODE_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)  # 4 to 32 threads, 8 values each, per token
 DECODE_ATTENTION_MAX_GROUP = 4  # query heads per KV head: the merge gives each a warp
 DECODE_ATTENTION_MAX_SPLITS = 64  # chunks a request: the merge's lanes hold two each
-# Tokens a chunk holds at least: at batch 1 on an H200, 1,024 tokens in 16 chunks took 5.6 us,
-# in 32 or 64 chunks 6.6-6.8 (book/runs/ch19_decode_attention_s17.h200.txt): shorter chunks
-# read less each than their merge costs.
+# Tokens a chunk holds at least: a block pays a fixed start (a chain of dependent loads) and a
+# share of the merge, so a chunk must read enough keys to outweigh them; cutting 1,024 tokens
+# into 32 or 64 chunks is slower than into 16.
 DECODE_ATTENTION_MIN_CHUNK = 64
 DECODE_ATTENTION_PLAN_HEADER = 4  # int32 before the items: their count, padding to 16 bytes
 

@@ -105,11 +105,11 @@ HOST_DEVICE inline void load_tile(Piece<T>* keys, Piece<T>* values, const T* k_c
 //
 // A block's time is its chunk's length, and a launch lasts as long as its busiest SM. Cutting
 // every request into the same number of chunks leaves a step with contexts of 100 and 2,000
-// tokens waiting for the long ones while most SMs idle: at batch 64 of the official workload's
-// contexts the launch read 2.4-3.0 TB/s where uniform contexts read 3.9-4.1. Cutting finer
-// than needed costs too: a block spends microseconds starting (a chain of dependent loads
-// before its first key) and merging, so at batch 8-32 of uniform contexts one wave of chunks
-// beat two of half the size by 10-30% (ch19_decode_attention_s17).
+// tokens waiting for the long ones while most SMs idle: such a launch reads well below the
+// bandwidth a launch of uniform contexts reaches. Cutting finer than needed costs too: a
+// block spends microseconds starting (a chain of dependent loads before its first key) and
+// merging, so for contexts of one length one wave of chunks is faster than two of half
+// the size.
 //
 // So the plan tries chunk sizes S_k = longest context / k, k = 1..kMaxSplits, and takes:
 //  - the smallest whose chunks, ceil(len_r / S) a request, fit one wave (items_per_wave, what
