@@ -72,7 +72,7 @@ def test_no_tracked_file_name_carries_a_run_number() -> None:
 
 
 def test_the_word_check_catches_what_it_is_for() -> None:
-    for line in [f"see {_WORK}25.sh", f"in {_WORK} 12 we", "ch21_offline_s25.h200.txt",
+    for line in [f"see {_WORK}25.sh", f"in {_WORK} 12 we", "ch21_offline_s" "25.h200.txt",
                  "fixes iss" "ue #51", "\u501f\u5230\u4e00\u5757 H200"]:
         assert PROCESS_WORDS.search(line), line
     for line in ["scope='" + _WORK + "'", "a process " + _WORK + " leader", "reuses_s0 = 1"]:
