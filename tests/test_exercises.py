@@ -2,10 +2,10 @@
 
 Taken out: the exercise's tests run in the chapter's built tree and must fail -- each one a
 failure, not a collection or fixture error, not a skip -- and the run's output must show the
-exercise's own NotImplementedError (so it failed because the body is missing, not because of
-an import). Put back: the solution is the chapter's own file byte for byte (checked here), and
-`tools/steps.py check N` runs the chapter's tests on exactly that tree, so a second run here
-would prove nothing new. Each mistake an exercise lists (a plausible wrong answer, patched into
+message of the exercise's own NotImplementedError (so it failed because the body is missing,
+not because of an import). Put back: the solution is the chapter's own file byte for byte
+(checked here), and `tools/steps.py check N` runs the chapter's tests on exactly that tree, so
+a second run here would prove nothing new. Each mistake an exercise lists (a plausible wrong answer, patched into
 the chapter's function) fails at least one of the exercise's tests. The command refuses to
 overwrite what the reader wrote, and prints a test command that a new shell can run.
 """
@@ -14,6 +14,7 @@ import ast
 import gc
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def test_the_command_lists_takes_out_and_puts_back(tmp_path, capsys):
     dest, chapter_file = tmp_path / "evict", exercises.chapter_file(ROOT, ex)
     assert steps.main(["exercise", "9", "evict", "--dir", str(dest)]) == 0
     out = capsys.readouterr().out
-    assert f"-m pytest -q {' '.join(ex.tests)}" in out
+    assert f"-m pytest -q {' '.join(ex.tests)}" in _joined(out)
     assert all(node.partition("::")[2] in out for node in ex.tests)
     assert f"raise NotImplementedError({ex.message!r})" in (dest / ex.file).read_text(encoding="utf-8")
     assert steps.main(["exercise", "9", "evict", "--dir", str(dest)]) == 0  # untouched: again
@@ -109,8 +110,14 @@ def test_the_command_lists_takes_out_and_puts_back(tmp_path, capsys):
     assert "evict" in capsys.readouterr().err  # the error lists the chapter's exercises
 
 
+def _joined(out: str) -> str:
+    """The command's output with the printed test command's continued lines joined."""
+    return re.sub(r" \\\n\s*", " ", out)
+
+
 def _write_an_answer(path: Path) -> str:
-    mine = path.read_text(encoding="utf-8").replace("raise NotImplementedError", "pass  # mine\n        raise NotImplementedError")
+    mine = path.read_text(encoding="utf-8").replace("raise NotImplementedError",
+                                                     "pass  # mine\n        raise NotImplementedError")
     path.write_text(mine, encoding="utf-8")
     return mine
 
@@ -154,19 +161,24 @@ def test_a_directory_that_is_no_tree_is_not_overwritten(tmp_path, capsys):
 
 def test_the_printed_test_command_runs_from_a_new_shell(tmp_path):
     """The command's interpreter is one with the project installed, not whatever `python` a new
-    shell finds: run exactly what is printed with a bare PATH (the NotImplementedError shows
-    that pytest ran the named test in the tree)."""
+    shell finds: paste what is printed, continued lines and all, into a shell with a bare PATH
+    (the NotImplementedError shows that pytest ran the named tests in the tree)."""
     dest = ROOT / "build" / "test-exercise-command"
     shutil.rmtree(dest, ignore_errors=True)
     try:
-        out = subprocess.run([sys.executable, str(ROOT / "tools" / "steps.py"), "exercise", "21",
-                              "decode_bucket", "--dir", str(dest)], cwd=ROOT, text=True,
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "steps.py"), "exercise", "9",
+                              "evict", "--dir", str(dest)], cwd=ROOT, text=True,
                              capture_output=True, check=True).stdout
-        command = next(line.strip() for line in out.splitlines() if " -m pytest " in line)
-        assert command.startswith(f"cd build/test-exercise-command && ../../")
+        lines = out.splitlines()
+        start = next(i for i, line in enumerate(lines) if " -m pytest " in line)
+        end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
+        command = "\n".join(lines[start : end + 1])
+        assert command.strip().startswith("cd build/test-exercise-command && ../../")
         run = subprocess.run(["bash", "-c", command], cwd=ROOT, text=True, capture_output=True,
                              env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=TIMEOUT)
-        assert run.returncode == 1 and "NotImplementedError: 练习" in run.stdout, run.stdout[-2000:]
+        assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+        assert f"{len(exercises.find_exercise(ROOT, 9, 'evict').tests) * 2} failed" in run.stdout
+        assert "NotImplementedError: 练习" in run.stdout
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
@@ -256,7 +268,9 @@ def test_taken_out_its_tests_fail_on_the_exercise(ex, tmp_path, forkserver, buil
     assert len(outcomes) >= len(ex.tests), (sorted(outcomes), output)  # parametrised tests: more
     for name, (kind, text) in outcomes.items():
         assert kind == "failure", f"{name}: {kind}, expected a failure\n{text[-3000:]}"
-        assert f"NotImplementedError: {ex.message}" in text, f"{name} failed for another reason:\n{text[-3000:]}"
+        # The exercise's message: as the exception, or quoted by pytest.raises(RuntimeError,
+        # match=...), which catches a NotImplementedError and then reports its message.
+        assert ex.message in text, f"{name} failed for another reason:\n{text[-3000:]}"
 
 
 @pytest.mark.parametrize("ex, mistake", MISTAKES, ids=MISTAKE_IDS)

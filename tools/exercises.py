@@ -23,11 +23,12 @@ a tree whose files differ from what steps.py put there is refused unless `--forc
 The test command printed uses an interpreter that has the project installed.
 
 tests/test_exercises.py checks each exercise both ways. With the body taken out, the named
-tests must fail (not error, not skip) and their output must show the exercise's
-NotImplementedError. The solution is the chapter's file byte for byte, and `steps.py check N`
-already runs the chapter's tests on that unmodified tree, so "the solution passes" needs no
-second run. Each listed mistake, patched into the chapter's function, must fail at least one
-of the named tests: the tests an exercise names are the ones that catch the usual wrong answers.
+tests must fail (not error, not skip) and their output must show the message of the
+exercise's NotImplementedError. The solution is the chapter's file byte for byte, and
+`steps.py check N` already runs the chapter's tests on that unmodified tree, so "the solution
+passes" needs no second run. Each listed mistake, patched into the chapter's function, must
+fail at least one of the named tests: an exercise names the tests that catch the usual wrong
+answers.
 """
 
 from __future__ import annotations
@@ -258,14 +259,15 @@ def pytest_args(ex: Exercise) -> list[str]:
 
 
 def pytest_command(root: Path, ex: Exercise, dest: Path) -> str:
-    """`cd DEST && PYTHON -m pytest -q TESTS`, PYTHON relative to DEST when both are in root."""
+    """`cd DEST && PYTHON -m pytest -q TESTS`, PYTHON relative to DEST when both are in root;
+    one test a line after the first, continued with backslashes (a shell takes it pasted)."""
     python, here = pytest_python(root).absolute(), dest.absolute()
     base = root.absolute()
     if python.is_relative_to(base) and here.is_relative_to(base):
         shown = os.path.relpath(python, here)
     else:
         shown = str(python)
-    return f"cd {_shown(dest)} && {shown} {' '.join(pytest_args(ex))}"
+    return f"cd {_shown(dest)} && {shown} -m pytest -q " + " \\\n      ".join(ex.tests)
 
 
 def default_dir(root: Path, ex: Exercise) -> Path:
@@ -318,8 +320,8 @@ def command(root: Path, args) -> int:
             more = f"\n  ……共 {len(work)} 个" if len(work) > 10 else ""
             what = (f"放回参考实现会覆盖 {ex.file}" if args.solution
                     else "重新搭这棵树会覆盖或删掉它们")
-            print(f"steps.py exercise: 没有动 {_shown(dest)}：这些文件和 steps.py 写进去的不一样，"
-                  f"像是你写的：\n{listed}{more}\n{what}。先把要留的复制出来，再加 --force：\n"
+            print(f"steps.py exercise: 没有改动 {_shown(dest)}：这些文件和 steps.py 写进去的不一样，"
+                  f"应是你写的：\n{listed}{more}\n{what}。先把要留的复制出来，再加 --force：\n"
                   f"  {again}{' --solution' if args.solution else ''} --force", file=sys.stderr)
             return 1
         if args.solution:
