@@ -1,9 +1,9 @@
-"""Chapter 10: chunked prefill. A prompt longer than max_prefill_length is cut into chunks that
-stay at the head of the queue, keep their row and locked prefix, and reserve their remaining
-pages before later requests; running requests ride in every chunk's step (a mixed batch),
-each taking its token in every step, and chunks run back to back; every prompt token is
-computed once (a running request's token is no prompt token); the torch backend pads a mixed
-batch's one-token rows apart from its prompts; randomized
+"""Chapter 10: chunked prefill. A prompt longer than the token budget left is cut into chunks
+(one that fits exactly is not) that stay at the head of the queue, keep their row and locked
+prefix, and reserve their remaining pages before later requests; running requests ride in
+every chunk's step (a mixed batch), each taking its token in every step, and chunks run back
+to back; every prompt token is computed once (a running request's token is no prompt token);
+the torch backend pads a mixed batch's one-token rows apart from its prompts; randomized
 workloads with chunking (on top of chapter 9's caches and tight pools) give each request what
 it gives alone and leak nothing."""
 

@@ -1,8 +1,9 @@
 """GPU attention backends on the CPU, through the fake flashinfer (tests/fake_flashinfer.py): our
 FlashInfer and FA backends' own code — metadata, plan once per batch, two wrapper sets in turn,
 paged pool views — against the torch backend on random batches, then whole generations against
-transformers; the start-up refusals; and the vectorised page allocation against a page-by-page
-reference. The real kernels run in tests/test_gpu_attention_cuda.py."""
+transformers; the start-up refusals and what "auto" picks; and the vectorised page allocation
+against a page-by-page reference, and its eviction when the free pages run short. The real
+kernels run in tests/test_gpu_attention_cuda.py."""
 
 from __future__ import annotations
 
