@@ -5,9 +5,10 @@ failure, not a collection or fixture error, not a skip -- and the run's output m
 message of the exercise's own NotImplementedError (so it failed because the body is missing,
 not because of an import). Put back: the solution is the chapter's own file byte for byte
 (checked here), and `tools/steps.py check N` runs the chapter's tests on exactly that tree, so
-a second run here would prove nothing new. Each mistake an exercise lists (a plausible wrong answer, patched into
-the chapter's function) fails at least one of the exercise's tests. The command refuses to
-overwrite what the reader wrote, and prints a test command that a new shell can run.
+a second run here would prove nothing new. Each mistake an exercise lists (a plausible wrong
+answer, patched into the chapter's function) fails at least one of the exercise's tests. The
+command refuses to overwrite what the reader wrote, and prints a test command that a new shell
+can run.
 """
 
 import ast
@@ -116,8 +117,8 @@ def _joined(out: str) -> str:
 
 
 def _write_an_answer(path: Path) -> str:
-    mine = path.read_text(encoding="utf-8").replace("raise NotImplementedError",
-                                                     "pass  # mine\n        raise NotImplementedError")
+    mine = path.read_text(encoding="utf-8").replace(
+        "raise NotImplementedError", "pass  # mine\n        raise NotImplementedError")
     path.write_text(mine, encoding="utf-8")
     return mine
 
