@@ -76,6 +76,21 @@ def test_parameters_and_step_costs_by_hand():
     assert cost.bound(slow) == cost.flops / 1e9 and not cost.memory_bound(slow)
 
 
+def test_embedding_rows_are_read_per_new_token():
+    shape = shape_of(QWEN3)
+    step = StepShape.of("prefill", [(0, 5), (2, 6)])  # two requests, 5 + 4 new tokens
+    cost = step_cost(shape, step, dtype_bytes=2)
+    assert cost.weight_bytes == 2 * (shape.weights_read_per_step + 9 * 64)
+
+
+def test_a_tied_table_is_read_whole_by_the_lm_head_and_by_rows_for_the_embedding():
+    llama = shape_of(LLAMA)
+    step = StepShape.of("decode", [(10, 11), (20, 21)])
+    cost = step_cost(llama, step, dtype_bytes=2)
+    # weights_read_per_step holds the table once, for the LM head; the lookup reads 2 rows more
+    assert cost.weight_bytes == 2 * (llama.weights_read_per_step + 2 * 64)
+
+
 def test_attention_pairs_are_causal_among_the_new_tokens():
     # A chunk of 2 new tokens after 3 cached: they attend to 4 and 5 keys.
     assert StepShape.of("prefill", [(3, 5)]).attention_pairs == 4 + 5

@@ -1,9 +1,9 @@
-"""Chapter 10: chunked prefill. A prompt longer than max_prefill_length is cut into chunks that
-stay at the head of the queue, keep their row and locked prefix, and reserve their remaining
-pages before later requests; running requests ride in every chunk's step (a mixed batch),
-each taking its token in every step, and chunks run back to back; every prompt token is
-computed once (a running request's token is no prompt token); the torch backend pads a mixed
-batch's one-token rows apart from its prompts; randomized
+"""Chapter 10: chunked prefill. A prompt longer than the token budget left is cut into chunks
+(one that fits exactly is not) that stay at the head of the queue, keep their row and locked
+prefix, and reserve their remaining pages before later requests; running requests ride in
+every chunk's step (a mixed batch), each taking its token in every step, and chunks run back
+to back; every prompt token is computed once (a running request's token is no prompt token);
+the torch backend pads a mixed batch's one-token rows apart from its prompts; randomized
 workloads with chunking (on top of chapter 9's caches and tight pools) give each request what
 it gives alone and leak nothing."""
 
@@ -73,6 +73,41 @@ def test_request_fits_next_to_a_continuing_chunk_s_remaining_pages():
     s.step()  # the first 10 tokens
     assert len(s.cache.free_pages) == 4  # 2 for the chunk's last 2 tokens, 2 left over
     assert [r.uid for r in s.prefill.schedule_next_batch().reqs] == [0, 1]
+
+
+def test_a_prompt_that_fits_the_budget_exactly_is_not_cut():
+    s = small_pool(num_pages=64, page_size=1, max_prefill_length=5)
+    s.prefill.add(pending(0, tokens(0, 5), max_tokens=2))
+    (req,) = s.prefill.schedule_next_batch().reqs
+    assert type(req) is Req and (req.cached_len, req.device_len) == (0, 5)
+    assert not s.prefill.pending
+
+
+def test_the_next_prompt_gets_only_the_budget_left():
+    s = small_pool(num_pages=64, page_size=1, max_prefill_length=8)
+    s.prefill.add(pending(0, tokens(0, 5), max_tokens=2))
+    s.prefill.add(pending(1, tokens(100, 10), max_tokens=2))
+    batch = s.prefill.schedule_next_batch()
+    assert [(r.uid, r.cached_len, r.device_len) for r in batch.reqs] == [(0, 0, 5), (1, 0, 3)]
+    assert isinstance(batch.reqs[1], ChunkedReq)
+
+
+def test_every_chunk_of_a_prompt_keeps_its_first_table_row(monkeypatch):
+    s = small_pool(num_pages=64, page_size=4, rows=4, max_prefill_length=8)
+    rows = []
+    schedule = s.prefill.schedule_next_batch
+
+    def watch():
+        batch = schedule()
+        rows.extend(r.table_idx for r in (batch.reqs if batch else []) if r.uid == 0)
+        return batch
+
+    monkeypatch.setattr(s.prefill, "schedule_next_batch", watch)
+    s.prefill.add(pending(0, tokens(0, 20), max_tokens=3))  # chunks of 8, 8 and 4 tokens
+    while s.prefill.pending:
+        s.step()
+    assert len(rows) == 3 and len(set(rows)) == 1
+    assert s.table.available == 3  # it holds one row of the four
 
 
 def test_budget_spent_exactly_admits_nothing_more():

@@ -1,8 +1,9 @@
 """GPU attention backends on the CPU, through the fake flashinfer (tests/fake_flashinfer.py): our
 FlashInfer and FA backends' own code — metadata, plan once per batch, two wrapper sets in turn,
 paged pool views — against the torch backend on random batches, then whole generations against
-transformers; the start-up refusals; and the vectorised page allocation against a page-by-page
-reference. The real kernels run in tests/test_gpu_attention_cuda.py."""
+transformers; the start-up refusals and what "auto" picks; and the vectorised page allocation
+against a page-by-page reference, and its eviction when the free pages run short. The real
+kernels run in tests/test_gpu_attention_cuda.py."""
 
 from __future__ import annotations
 
@@ -175,6 +176,17 @@ def test_auto_is_torch_on_the_cpu():
     assert resolve_attention_backend("auto", torch.device("cpu"), torch.float32, 64) == "torch"
 
 
+@pytest.mark.parametrize("dtype, head_dim, expected", [(torch.bfloat16, 128, "flashinfer"),
+                                                       (torch.float32, 128, "torch"),
+                                                       (torch.bfloat16, 80, "torch")])
+def test_auto_on_a_gpu_is_the_first_backend_that_can_run(dtype, head_dim, expected, monkeypatch):
+    """With the device faked as a Hopper GPU and flashinfer "installed": flashinfer when it can
+    run, else torch (fa, second in AUTO_ORDER, refuses whatever flashinfer refuses)."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert resolve_attention_backend("auto", torch.device("cuda"), dtype, head_dim) == expected
+
+
 @pytest.mark.parametrize("name", GPU_BACKENDS)
 def test_refusal_reasons_on_a_gpu(name, monkeypatch):
     """Each reason, with the device faked as CUDA (no CUDA call is made before the package
@@ -257,6 +269,22 @@ def test_allocate_equals_page_by_page(page_size):
         allocate_page_by_page(free, table, reqs, page_size)
         assert manager.free_pages == free
         assert torch.equal(manager.page_table, table)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_allocate_evicts_the_cached_pages_it_lacks_and_counts_them(page_size):
+    manager = CacheManager(8, page_size, torch.zeros(2, 64, dtype=torch.int32), "radix")
+    for i in range(6):  # six one-page prefixes, oldest first, hold six of the eight pages
+        page = manager.free_pages.pop()
+        manager.prefix_cache.insert_prefix([1000 + i] * page_size, torch.arange(
+            page * page_size, (page + 1) * page_size, dtype=torch.int32))
+    req = Req(torch.zeros(5 * page_size, dtype=torch.int32), table_idx=0, cached_len=0,
+              output_len=1, uid=0, sampling_params=SamplingParams())
+    manager.allocate([req])  # five pages: the two free ones and the three oldest prefixes'
+    assert manager.free_pages == [] and manager.evicted_pages == 3
+    assert manager.prefix_cache.evictable_size == 3 * page_size  # the three youngest stay
+    pages = manager.page_table[0, : 5 * page_size : page_size] // page_size
+    assert sorted(pages.tolist()) == [0, 1, 5, 6, 7]
 
 
 def test_append_host_writes_into_room_kept_for_the_tokens():

@@ -281,6 +281,17 @@ def test_a_parent_that_keeps_a_child_is_not_evicted(page_size):
     cache.check_integrity()
 
 
+def test_a_parent_left_a_leaf_is_evicted_by_its_own_last_access(page_size):
+    cache = RadixCache(page_size)
+    insert(cache, list(range(8)) + [50, 51, 52, 53], start=0)
+    insert(cache, list(range(8)) + [60, 61, 62, 63], start=100)  # splits off parent [0..8)
+    insert(cache, [70, 71, 72, 73], start=200)  # the most recent leaf
+    # Its children go first; then [0..8), a leaf now, is older than [70..73] and goes before it.
+    assert cache.evict(16).tolist() == [8, 9, 10, 11, 108, 109, 110, 111] + list(range(8))
+    assert leaves(cache) == [[70, 71, 72, 73]] and cache.evictable_size == 4
+    cache.check_integrity()
+
+
 def test_a_locked_parent_left_a_leaf_by_eviction_is_not_evicted(page_size):
     cache = RadixCache(page_size)
     _, held = insert(cache, list(range(8)), start=0)  # a running request holds [0..8)
