@@ -158,9 +158,10 @@ def phonemes(document: str) -> str:
 
 
 def fallbacks(transcription: str) -> list[str]:
-    """The language switches in a transcription: each word read through another voice's
-    rules, e.g. "(en)fa55w'055n" for a syllable spelled in English."""
-    return re.findall(r"\([a-z]{2,3}(?:-[a-z]+)?\)\S*", transcription)
+    """The switches away from Mandarin in a transcription: each starts a run of words read
+    through another language's rules, e.g. "(en)fa55w'055n" for "fa1" spelled in English
+    ("(cmn)" marks the way back and is not counted)."""
+    return re.findall(r"\((?!cmn\))[a-z]{2,3}(?:-[a-z]+)?\)[^\s(]*", transcription)
 
 
 def syllables(transcription: str) -> int:

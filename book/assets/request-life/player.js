@@ -129,7 +129,7 @@
   const sec = (t) => `${t.toFixed(4)} 秒`;
   // A uid as a coloured square with its digit.
   const chip = (x, y, uid, info) => `<g ${tip(info)}><rect x="${x}" y="${y}" width="20" height="18" rx="3" fill="${color(uid)}"/>`
-    + T(x + 10, y + 14, uid, "chip", 'fill="#fff" text-anchor="middle"') + "</g>";
+    + T(x + 10, y + 14, uid, "chip", 'fill="#ffffff" text-anchor="middle"') + "</g>";
 
   const cjk = (c) => /[\u2e80-\uffff]/.test(c);
   const widthOf = (s) => [...s].reduce((n, c) => n + (cjk(c) ? 2 : 1), 0);
