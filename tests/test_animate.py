@@ -93,6 +93,10 @@ def test_narration_numbers_come_from_the_trace():
     batch = next(s for s in scenes if s.id == "batch")
     assert f"请求 1 命中 {admit.args['hit']} 个 token" in batch.text
     assert "{" not in "".join(s.text for s in scenes)
+    # "空闲列表一页也没拿回": every page a request gave back went into the prefix cache.
+    returned = [e.args for e in events if e.name == "pages_returned"]
+    assert "空闲列表一页也没拿回" in next(s for s in scenes if s.id == "finish01").text
+    assert returned and sum(a["freed"] for a in returned) == 0
 
 
 def test_a_scene_anchored_before_the_one_ahead_of_it_is_refused():
