@@ -223,9 +223,10 @@ LABELS = """(() => {
   out.steps = [];
   scrub.value = 0; scrub.dispatchEvent(new Event('input'));
   const step = document.getElementById('step-next');
-  for (let i = 0; i < 3; i++) { step.click(); out.steps.push(document.getElementById('event').textContent); }
+  const said = () => document.getElementById('event').textContent;
+  for (let i = 0; i < 3; i++) { step.click(); out.steps.push(said()); }
   document.getElementById('step-prev').click();
-  out.steps.push(document.getElementById('event').textContent);
+  out.steps.push(said());
   out.link = document.getElementById('chapter').getAttribute('href');
   return out;
 })()"""

@@ -4,7 +4,8 @@
     python tools/animate.py record   # a real run: server with --trace, four requests -> trace.json
     python tools/animate.py voice    # script.json -> each sentence spoken (espeak-ng) and measured
                                      #   -> narration.json, narration.mp3
-    python tools/animate.py data     # trace.json + script.json + narration.json -> data.js, subtitles.vtt
+    python tools/animate.py data     # trace.json + script.json + narration.json
+                                     #   -> data.js, subtitles.vtt, video.html
     python tools/animate.py video    # frames (chromium) + narration.mp3 -> video.mp4
 
 Everything lives in book/assets/request-life/. `record` needs the model (models/), `data`

@@ -207,7 +207,7 @@
     let out = T(4, 252, "页表的行与每个请求的 KV 页（一页一个 token）", "section");
     const rows = Object.entries(st.rows).sort((a, b) => b[1].row - a[1].row);
     rows.forEach(([uid, r], i) => {
-      const y = 262 + i * 30, x0 = 78, n = r.hit + r.own;
+      const y = 262 + i * 28, x0 = 78, n = r.hit + r.own;
       const info = `uid ${uid} · 页表第 ${r.row} 行\n命中前缀缓存 ${r.hit} 页（共享，不用再算）\n自己的 ${r.own} 页（${r.tokens} 个 token 算到这一步）\n其中已插进前缀缓存：${r.cached} 页`;
       out += `<g ${tip(info)}>` + T(4, y + 13, `行 ${r.row}`, "small");
       out += `<rect x="${x0}" y="${y}" width="${r.hit * CELL}" height="16" fill="${color(uid)}" class="cell-shared"/>`;
@@ -223,7 +223,7 @@
     const rx = 470;
     out += T(rx, 252, "前缀缓存（radix tree）", "section");
     st.radix.forEach((n, j) => {
-      const y = 262 + j * 30;
+      const y = 262 + j * 28;
       if (j > 0) out += `<line x1="${rx + n.hit * TCELL}" y1="278" x2="${rx + n.hit * TCELL}" y2="${y + 8}" stroke="#90a4ae" stroke-width="1.5"/>`;
       const info = `uid ${n.uid} 插进树里的 ${n.own} 页（从第 ${n.hit} 个 token 分出）\n${n.locked ? "锁定：它还在运行，这些页不能驱逐" : "可回收：没人用了；内存紧时驱逐，才回空闲列表"}`;
       out += `<g ${tip(info)}><rect x="${rx + n.hit * TCELL}" y="${y}" width="${n.own * TCELL}" height="16" fill="${color(n.uid)}" ${n.locked ? "" : 'class="evictable"'}/>`;
