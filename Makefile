@@ -15,7 +15,7 @@ TRITON ?= triton==3.9.0
 # once per worker that happens to run one of its tests (on 2 cores: 427 s with load, 339 s).
 JOBS   ?= auto
 
-.PHONY: check test book serve setup models mutate
+.PHONY: check test book serve setup models mutate browser
 check: setup
 	$(PY) tools/steps.py check
 	$(PY) tools/citations.py $(if $(OFFICIAL),--official $(OFFICIAL))
@@ -23,7 +23,7 @@ check: setup
 # The package is compiled before the suite: where PYTHONDONTWRITEBYTECODE is set (CI sets it),
 # no process keeps its compilation, and each of the suite's hundreds of processes (servers,
 # ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
-test: setup
+test: setup browser
 	$(PY) -m compileall -q python/minisgl tests
 	$(PY) -m pytest -q -n $(JOBS) --dist loadscope
 
@@ -38,6 +38,12 @@ mutate: setup
 	$(PY) tools/mutate.py $(MUTATE)
 
 setup: $(VENV)/.installed models
+
+# tests/test_animate.py measures chapter 0's player in headless Chromium (with a CJK font);
+# installed only where it is missing.
+browser:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -q && \
+		apt-get install -y -q chromium fonts-noto-cjk; }
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -2,23 +2,28 @@
 """The animation of chapter 0, "一个请求的一生", from a real trace.
 
     python tools/animate.py record   # a real run: server with --trace, four requests -> trace.json
-    python tools/animate.py data     # trace.json + script.json -> data.js, subtitles.vtt
-    python tools/animate.py video    # + narration (espeak-ng), frames (chromium), video (ffmpeg)
+    python tools/animate.py voice    # script.json -> each sentence spoken (espeak-ng) and measured
+                                     #   -> narration.json, narration.mp3
+    python tools/animate.py data     # trace.json + script.json + narration.json
+                                     #   -> data.js, subtitles.vtt, video.html
+    python tools/animate.py video    # frames (chromium) + narration.mp3 -> video.mp4
 
 Everything lives in book/assets/request-life/. `record` needs the model (models/), `data`
-only Python, `video` the Debian packages espeak-ng, ffmpeg and chromium plus a CJK font.
+only Python, `voice` espeak-ng and ffmpeg, `video` ffmpeg and chromium plus a CJK font.
 
 Time: the player and the video run on "play time". script.json cuts the trace into scenes,
-each starting at an event it names and lasting `seconds` of play time; inside a scene, trace
-time is stretched linearly onto those seconds. So a 0.3 ms message and a one-second decode
-step can both be watched, and the subtitles (one cue per sentence) follow from the script
-alone: no audio tool is needed to compute or to check them.
+each starting at an event it names; inside a scene, trace time is stretched linearly onto its
+play seconds, so a 0.3 ms message and a one-second decode step can both be watched. A scene
+lasts as long as its narration takes to say (or the script's `seconds`, when that is longer):
+`voice` speaks each sentence on its own and keeps how long it lasts and where its speech
+starts in it (narration.json), so each subtitle cue starts where its sentence is heard.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import datetime
 import fcntl
 import json
@@ -38,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "book" / "assets" / "request-life"
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
 LANES = {"api-server": "api", "tokenizer-0": "tokenizer", "scheduler-rank0": "scheduler"}
-FRAME_SIZE = (960, 600)
+FRAME_SIZE = (960, 864)  # the stage's 720 x 648 viewBox, scaled by 4/3
+NUM_PAGES = 2048  # the KV pool the recorded server had (record passes it as --num-pages)
 
 
 # ------------------------------------------------------------------------------ the trace
@@ -92,6 +98,8 @@ class Scene:
     t1: float  # ... and where the next one starts
     p0: float  # play time where the scene starts
     p1: float
+    lines: tuple  # (start, end, sentence): its subtitle cues; each starts where it is heard
+    said: tuple  # play time where each sentence's audio (with its leading silence) is placed
 
 
 def _value(event: Event, field: str) -> str:
@@ -112,8 +120,16 @@ def narration(text: str, marks: dict[str, Event]) -> str:
     return re.sub(r"\{(\w+)\.(\w+)\}", replace, text)
 
 
-def build_scenes(events: list[Event], script: dict[str, Any]) -> list[Scene]:
-    """Scenes with their trace and play intervals. Anchors must follow the trace's order."""
+# The narration's layout in a scene: silence before its first sentence, between two, after
+# the last (the scene's pictures keep moving while nothing is said).
+LEAD, GAP, TAIL = 0.5, 0.35, 1.0
+
+
+def build_scenes(events: list[Event], script: dict[str, Any],
+                 voice: dict[str, Any]) -> list[Scene]:
+    """Scenes with their trace and play intervals and their cues. Anchors must follow the
+    trace's order. `voice` (narration.json) says how long each sentence lasts when spoken
+    and where in that its speech starts; it must be of these very sentences."""
     end = max(e.t + e.dur for e in events)
     marks = {name: find(events, selector) for name, selector in script["marks"].items()}
     starts = [0.0 if s["at"] == "start" else find(events, s["at"]).t for s in script["scenes"]]
@@ -121,12 +137,28 @@ def build_scenes(events: list[Event], script: dict[str, Any]) -> list[Scene]:
         if b < a:
             raise ValueError(f"scene {s['id']} starts at {b:.3f} s, before the scene ahead "
                              f"of it ({a:.3f} s)")
+    spoken = iter(voice["sentences"])
     scenes, p = [], 0.0
     for i, s in enumerate(script["scenes"]):
         t1 = starts[i + 1] if i + 1 < len(starts) else end
-        scenes.append(Scene(s["id"], s["title"], narration(s["text"], marks), starts[i], t1, p,
-                            p + s["seconds"]))
-        p += s["seconds"]
+        text = narration(s["text"], marks)
+        said, heard, at = [], [], p + LEAD
+        for sentence in sentences(text):
+            v = next(spoken, None)
+            if v is None or v["text"] != sentence.strip():
+                raise ValueError(f"narration.json does not say {sentence.strip()!r} (it has "
+                                 f"{v and v['text']!r}): run tools/animate.py voice")
+            said.append(round(at, 3))
+            heard.append(round(at + v["onset"], 3))
+            at += v["seconds"] + GAP
+        p1 = round(max(p + s["seconds"], at - GAP + TAIL), 3)
+        bounds = heard[1:] + [p1]
+        lines = tuple((a, b, x.strip()) for a, b, x in zip(heard, bounds, sentences(text)))
+        scenes.append(Scene(s["id"], s["title"], text, starts[i], t1, p, p1, lines,
+                            tuple(said)))
+        p = p1
+    if next(spoken, None) is not None:
+        raise ValueError("narration.json says more than the script: run tools/animate.py voice")
     return scenes
 
 
@@ -136,17 +168,11 @@ def sentences(text: str) -> list[str]:
 
 
 def cues(scenes: list[Scene]) -> list[tuple[float, float, str]]:
-    """One cue per sentence; a scene's seconds shared by its sentences in proportion to
-    their length (as a reader's voice spends them)."""
-    out = []
-    for s in scenes:
-        parts = sentences(s.text)
-        total, start = sum(len(x) for x in parts), s.p0
-        for x in parts:
-            stop = start + (s.p1 - s.p0) * len(x) / total
-            out.append((round(start, 3), round(stop, 3), x.strip()))
-            start = stop
-    return out
+    """One cue per sentence, from where it is heard to where the next one is heard (the
+    last to the end)."""
+    lines = [line for s in scenes for line in s.lines]
+    return [(a, b2 if k + 1 < len(lines) else b, x)
+            for k, ((a, b, x), (b2, _, _)) in enumerate(zip(lines, lines[1:] + lines[-1:]))]
 
 
 def _stamp(seconds: float) -> str:
@@ -163,13 +189,22 @@ def webvtt(scenes: list[Scene]) -> str:
 
 def player_data(events: list[Event], scenes: list[Scene], script: dict[str, Any],
                 requests: list[dict[str, Any]], recorded_on: str) -> str:
-    """data.js: what the player needs, as one global (a file:// page cannot fetch JSON)."""
+    """data.js: what the player needs, as one global (a file:// page can fetch neither JSON
+    nor a subtitle file, so the cues travel in it too)."""
+    chapters = {s["id"]: s.get("chapter") for s in script["scenes"]}
     data = {"recorded": f"{script['recorded']}，{recorded_on}", "requests": requests,
-            "scenes": [s.__dict__ for s in scenes], "cues": cues(scenes),
+            "scenes": [{**s.__dict__, "chapter": chapters[s.id]} for s in scenes],
+            "cues": cues(scenes), "chapters": script["chapters"], "pool": {"pages": NUM_PAGES},
             "events": [[e.t, e.lane, e.name, e.dur, e.args] for e in events]}
     body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"// Generated by tools/animate.py data from trace.json and script.json.\n" \
-           f"window.REQUEST_LIFE = {body};\n"
+    return f"// Generated by tools/animate.py data from trace.json, script.json and " \
+           f"narration.json.\nwindow.REQUEST_LIFE = {body};\n"
+
+
+def script_sentences(events: list[Event], script: dict[str, Any]) -> list[str]:
+    """Every sentence of the narration, in order, with the trace's numbers in it."""
+    marks = {name: find(events, selector) for name, selector in script["marks"].items()}
+    return [x.strip() for s in script["scenes"] for x in sentences(narration(s["text"], marks))]
 
 
 def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any],
@@ -177,10 +212,21 @@ def load(assets: Path = ASSETS) -> tuple[list[Event], list[Scene], dict[str, Any
     """Events, scenes, the script, the recorded requests by uid, and the day of the run."""
     script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
     trace = json.loads((assets / "trace.json").read_text(encoding="utf-8"))
+    voice = json.loads((assets / "narration.json").read_text(encoding="utf-8"))
     events = load_events(trace)
     requests = sorted(trace["otherData"]["requests"], key=lambda r: r["uid"])
-    return (events, build_scenes(events, script), script, requests,
+    return (events, build_scenes(events, script, voice), script, requests,
             trace["otherData"]["recorded_on"])
+
+
+def video_tag(scenes: list[Scene]) -> str:
+    """video.html, the <video> chapter 0 includes: its subtitles ride in a data: URL, since
+    a browser refuses a subtitle file to a page opened from disk (file://)."""
+    vtt = base64.b64encode(webvtt(scenes).encode()).decode()
+    return ('<video controls preload="metadata" style="width: 100%;" '
+            'src="../assets/request-life/video.mp4">\n'
+            f'  <track kind="subtitles" srclang="zh" label="中文" default '
+            f'src="data:text/vtt;base64,{vtt}">\n</video>\n')
 
 
 def write_data(assets: Path = ASSETS) -> list[Scene]:
@@ -188,6 +234,7 @@ def write_data(assets: Path = ASSETS) -> list[Scene]:
     (assets / "data.js").write_text(player_data(events, scenes, script, requests, recorded_on),
                                     encoding="utf-8")
     (assets / "subtitles.vtt").write_text(webvtt(scenes), encoding="utf-8")
+    (assets / "video.html").write_text(video_tag(scenes), encoding="utf-8")
     return scenes
 
 
@@ -202,7 +249,7 @@ def record(out: Path, script: dict[str, Any]) -> None:
         trace = Path(tmp) / "trace.json"
         server = subprocess.Popen(
             [sys.executable, "-m", "minisgl", "--model", str(MODEL), "--port", "0",
-             "--trace", str(trace), "--num-pages", "2048", "--max-seq-len", "512",
+             "--trace", str(trace), "--num-pages", str(NUM_PAGES), "--max-seq-len", "512",
              "--max-running-req", "8"], env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
@@ -264,11 +311,11 @@ async def _chat(client: Any, url: str, request: dict[str, Any]) -> int:
 
 # ------------------------------------------------------------------------------ video
 
-VOICE = ["espeak-ng", "-v", "cmn", "-s", "300"]  # Mandarin; espeak's default rate drags
-FPS = 4  # frames per second of play time: messages take 0.6 s to cross, so 2-3 frames each
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--hide-scrollbars"]
+FPS = 12  # frames per second of play time: a message's 0.6 s crossing is 7 frames
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+LOUD = 300  # |sample| (16-bit) above which a 10 ms window counts as speech
 
 
 def _duration(path: Path) -> float:
@@ -277,26 +324,77 @@ def _duration(path: Path) -> float:
     return float(out.stdout)
 
 
-def narrate(scenes: list[Scene], work: Path) -> Path:
-    """One WAV of the whole narration: each scene's speech, padded with silence to the
-    scene's seconds, so the voice starts when its subtitles do."""
-    parts = []
-    for i, s in enumerate(scenes):
-        wav = work / f"scene{i:02d}.wav"
-        subprocess.run([*VOICE, "-w", str(wav), s.text], check=True)
-        spoken, room = _duration(wav), s.p1 - s.p0
-        if spoken > room:
-            raise ValueError(f"scene {s.id}: its narration takes {spoken:.1f} s but the scene "
-                             f"lasts {room:.1f} s; raise its seconds in script.json")
-        parts.append((wav, room))
-    inputs = [arg for wav, _ in parts for arg in ("-i", str(wav))]
-    pads = "".join(f"[{i}:a]apad=whole_dur={room}[a{i}];" for i, (_, room) in enumerate(parts))
-    joined = "".join(f"[a{i}]" for i in range(len(parts)))
-    out = work / "narration.wav"
-    subprocess.run(["ffmpeg", "-v", "error", "-y", *inputs, "-filter_complex",
-                    f"{pads}{joined}concat=n={len(parts)}:v=0:a=1[out]", "-map", "[out]",
-                    str(out)], check=True)
-    return out
+def _samples(wav: Path) -> tuple[Any, int]:
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(wav)) as w:
+        assert w.getsampwidth() == 2 and w.getnchannels() == 1, wav
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2"), w.getframerate()
+
+
+def speech_starts(samples: Any, rate: int, after: float = 0.0) -> float | None:
+    """Where speech first starts at or after `after` seconds: the first 10 ms window whose
+    loudest sample is over LOUD."""
+    window = rate // 100
+    for k in range(int(after * rate) // window, len(samples) // window):
+        if abs(samples[k * window:(k + 1) * window].astype(int)).max() > LOUD:
+            return round(k * window / rate, 3)
+    return None
+
+
+def speak(assets: Path = ASSETS) -> dict[str, Any]:
+    """narration.json and narration.mp3: each sentence spoken on its own and measured (its
+    length and where its speech starts, from the WAV), espeak-ng's phoneme transcription of
+    it, then the whole narration laid out as the scenes place it, and each cue's start
+    checked against where speech is heard in that track."""
+    import wave
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import narration
+
+    script = json.loads((assets / "script.json").read_text(encoding="utf-8"))
+    trace = json.loads((assets / "trace.json").read_text(encoding="utf-8"))
+    events = load_events(trace)
+    said, rate = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, text in enumerate(script_sentences(events, script)):
+            wav = Path(tmp) / f"s{i:03d}.wav"
+            doc = narration.ssml(text)
+            narration.speak(doc, wav)
+            samples, rate = _samples(wav)
+            said.append({"text": text, "ssml": doc, "phonemes": narration.phonemes(doc),
+                         "seconds": round(len(samples) / rate, 3),
+                         "onset": speech_starts(samples, rate), "wav": samples})
+        voice = {"voices": [narration.ZH_VOICE, narration.EN_VOICE], "rate": narration.RATE,
+                 "sentences": [{k: v for k, v in x.items() if k != "wav"} for x in said]}
+        scenes = build_scenes(events, script, voice)
+        track = np.zeros(int(scenes[-1].p1 * rate) + 1, dtype="<i2")
+        at = [a for s in scenes for a in s.said]
+        for a, x in zip(at, said):
+            start = int(round(a * rate))
+            track[start:start + len(x["wav"])] = x["wav"][:len(track) - start]
+        # Each cue against the signal: the first speech after the sentence before it ended.
+        offsets, end = [], 0.0
+        for (cue, _, _), a, x in zip(cues(scenes), at, said):
+            heard = speech_starts(track, rate, end)
+            offsets.append(round(heard - cue, 3))
+            end = a + x["seconds"]
+        voice["measured"] = {"cue_minus_speech_start": offsets}
+        full = Path(tmp) / "narration.wav"
+        with wave.open(str(full), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(rate)
+            w.writeframes(track.tobytes())
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", str(full), "-c:a", "libmp3lame",
+                        "-b:a", "40k", "-ac", "1", str(assets / "narration.mp3")], check=True)
+    (assets / "narration.json").write_text(json.dumps(voice, ensure_ascii=False, indent=1) + "\n",
+                                           encoding="utf-8")
+    return voice
 
 
 class _DevTools:
@@ -353,8 +451,6 @@ class _DevTools:
 
 def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
     """Screenshots of the player at FPS frames per play second; how many."""
-    import base64
-
     total = scenes[-1].p1
     count = int(total * FPS)
     with tempfile.TemporaryDirectory() as profile:
@@ -380,21 +476,21 @@ def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
 
 
 def render_video(assets: Path = ASSETS) -> Path:
-    """video.mp4: the frames, the narration and the subtitles as a subtitle track (the frames
-    leave the subtitle bar's text out: the page's <track> shows it, as do video players)."""
+    """video.mp4: the frames, the narration (narration.mp3, as `voice` laid it out) and the
+    subtitles as a subtitle track (the frames leave the subtitle bar's text out: the page's
+    <track> shows it, as do video players)."""
     scenes = write_data(assets)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    missing = [t for t in ("espeak-ng", "ffmpeg", "ffprobe") if not shutil.which(t)]
+    missing = [t for t in ("ffmpeg", "ffprobe") if not shutil.which(t)]
     if missing or not chromium:
         raise SystemExit(f"missing {', '.join(missing + ([] if chromium else ['chromium']))}: "
-                         "apt-get install -y espeak-ng ffmpeg chromium fonts-wqy-microhei")
+                         "apt-get install -y ffmpeg chromium fonts-noto-cjk")
     out = assets / "video.mp4"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        audio = narrate(scenes, work)
         frames(scenes, work, chromium)
         subprocess.run(["ffmpeg", "-v", "error", "-y", "-framerate", str(FPS),
-                        "-i", str(work / "frame%05d.png"), "-i", str(audio),
+                        "-i", str(work / "frame%05d.png"), "-i", str(assets / "narration.mp3"),
                         "-i", str(assets / "subtitles.vtt"),
                         "-map", "0:v", "-map", "1:a", "-map", "2:s",
                         "-c:v", "libx264", "-preset", "medium", "-crf", "28", "-tune", "animation",
@@ -412,14 +508,20 @@ def render_video(assets: Path = ASSETS) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["record", "data", "video"])
+    parser.add_argument("command", choices=["record", "voice", "data", "video"])
     args = parser.parse_args()
     if args.command == "record":
         script = json.loads((ASSETS / "script.json").read_text(encoding="utf-8"))
         record(ASSETS / "trace.json", script)
+    elif args.command == "voice":
+        voice = speak()
+        offsets = sorted(abs(x) for x in voice["measured"]["cue_minus_speech_start"])
+        print(f"{len(offsets)} sentences; cue vs speech start: max {offsets[-1]:.2f} s, "
+              f"median {offsets[len(offsets) // 2]:.2f} s -> {ASSETS}/narration.json, .mp3")
     elif args.command == "data":
         scenes = write_data()
-        print(f"{len(scenes)} scenes, {scenes[-1].p1:.1f} s -> {ASSETS}/data.js, subtitles.vtt")
+        print(f"{len(scenes)} scenes, {scenes[-1].p1:.1f} s -> {ASSETS}/data.js, subtitles.vtt, "
+              "video.html")
     else:
         out = render_video()
         print(f"{out}: {_duration(out):.1f} s, {out.stat().st_size / 1e6:.1f} MB")
