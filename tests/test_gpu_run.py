@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmark" / "gpu"
 RUN = GPU / "run.sh"
