@@ -45,9 +45,7 @@ class Engine:
             self._undo.pop()()
 
     def _build(self, config: EngineConfig) -> None:
-        """Each step needs the ones before it: threads before any computation, the model
-        before the KV pool it sizes, the pool and the page table before the attention backend
-        that reads them."""
+        """The steps in order: each uses what the ones before it built."""
         self._set_up_device(config)
         self.stream = create_stream(self.device)
         self.model = load_model(config.model_path, config.dtype, self.device)

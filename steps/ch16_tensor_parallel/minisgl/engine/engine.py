@@ -54,9 +54,7 @@ class Engine:
             self._undo.pop()()
 
     def _build(self, config: EngineConfig) -> None:
-        """Each step needs the ones before it: threads before any computation, the process
-        group before the layers that read the TP rank, the model before the KV pool it sizes,
-        the pool and the page table before the attention backend that reads them."""
+        """The steps in order: each uses what the ones before it built."""
         self._set_up_device(config)
         # All or nothing: a failure leaves no rank or group behind.
         self.comm = init_distributed(self.tp, self.device, config.dist_init_address)

@@ -73,10 +73,7 @@ class Engine:
             self._undo.pop()()
 
     def _build(self, config: EngineConfig, warm_up_tokens: int | None) -> None:
-        """Each step needs the ones before it: threads before any computation, the process
-        group before the layers that read the TP rank, the backends before the weights, the
-        pool and the tables before the attention backend that reads them, all of it before
-        the graphs that capture the forward."""
+        """The steps in order: each uses what the ones before it built."""
         self._set_up_device(config)
         # All or nothing: a failure leaves no rank or group behind.
         self.comm = init_distributed(self.tp, self.device, config.dist_init_address)

@@ -1,5 +1,5 @@
-"""The scheduler's part of the trace: a Scheduler that records what it decided, around the
-methods that decide it, so that the scheduling itself has no line about tracing."""
+"""The scheduler's trace events, recorded around the methods that take its decisions: the
+scheduling itself has no line about tracing."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from .scheduler import Scheduler
 
 
 def create_scheduler(config: SchedulerConfig) -> Scheduler:
-    """A TracedScheduler while this process traces (`trace.begin` here or in a parent),
-    otherwise a plain Scheduler, which pays nothing for tracing."""
+    """A TracedScheduler while this process traces, else a Scheduler that pays nothing."""
     return (TracedScheduler if trace.enabled() else Scheduler)(config)
 
 
 class TracedScheduler(Scheduler):
-    """Each request queued, admitted (its row, cached prefix and new pages), every step (its
-    requests, their tokens and new pages), the pages each request gives back, its abort and
-    its finish: instants and spans of the trace, fields named as tools/animate.py reads them."""
+    """Records each request queued, admitted (row, cached prefix, new pages), every step (its
+    requests, their tokens and new pages), the pages each request gives back, each abort and
+    finish. Every method does what the Scheduler's does, and records it."""
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
                     sampling_params: SamplingParams) -> None:
@@ -32,17 +31,9 @@ class TracedScheduler(Scheduler):
                       waiting=len(self.prefill.pending))
 
     def _compute(self, batch: Batch) -> InFlight:
-        """The step's span runs from the allocation of its pages until the engine's launch
-        returns: on the CPU the forward is done by then."""
-        admitted = self._trace_admissions(batch)
-        start = trace.now()  # admission was decided before: it comes first in the trace
-        flight = super()._compute(batch)
-        trace.span(batch.phase, start, **admitted)
-        return flight
-
-    def _trace_admissions(self, batch: Batch) -> dict[str, list[int]]:
-        """Before the batch's pages are allocated: trace the requests admitted into it (the
-        cached prefix they start from, their row); the step's uids, tokens and new pages."""
+        """Before the batch's pages are allocated: the requests admitted into it (the cached
+        prefix they start from, their row). The step's span runs until the engine's launch
+        returns (on the CPU the forward is done by then)."""
         size = self.engine.page_size
         step: dict[str, list[int]] = {"uids": [], "tokens": [], "pages": []}
         for req in batch.reqs:
@@ -56,12 +47,15 @@ class TracedScheduler(Scheduler):
             step["uids"].append(req.uid)
             step["tokens"].append(req.extend_len)
             step["pages"].append(pages)
-        return step
+        start = trace.now()  # admission was decided before: it comes first in the trace
+        flight = super()._compute(batch)
+        trace.span(batch.phase, start, **step)
+        return flight
 
     def abort(self, uid: int) -> bool:
         state = ("waiting" if any(p.uid == uid for p in self.prefill.pending) else
                  "running" if any(r.uid == uid for r in self.decode.running) else None)
-        if state is not None:  # before the release: its pages come back after it
+        if state is not None:  # before its release, which returns its pages
             trace.instant("abort", uid=uid, state=state)
         return super().abort(uid)
 
