@@ -124,8 +124,7 @@ class Scheduler:
         return Batch([*self.decode.running, *prefill.reqs], "prefill")
 
     def _launch(self, batch: Batch) -> InFlight:
-        """Compute the batch, then settle its requests: their lengths are known now, their
-        tokens later."""
+        """Compute the batch; its requests' lengths are known now, their tokens later."""
         flight = self._compute(batch)
         for req in batch.reqs:
             if isinstance(req, ChunkedReq):
@@ -218,6 +217,5 @@ class Scheduler:
         self.table.free(req.table_idx)
 
     def _cache_req(self, req: Req, finished: bool) -> None:
-        """Where a request's pages go to the prefix cache: all of them once it is finished,
-        its prompt's (which it keeps using) once the prompt is computed."""
+        """The prefix cache takes `req`'s pages: all once it finished, else its prompt's."""
         self.cache.cache_req(req, finished)
