@@ -36,7 +36,7 @@ from minisgl.benchmark.roofline import (H200_BF16_PEAK, H200_COPY_BANDWIDTH, H20
                                        Hardware, ModelShape, PhaseRow, StepShape, aggregate,
                                        phase_key, step_cost)
 from minisgl.core import Batch, SamplingParams
-from minisgl.engine.engine import Launched
+from minisgl.engine import InFlight
 from minisgl.llm import LLM
 from minisgl.models import ModelConfig
 from offline import official_workload  # benchmark/offline.py
@@ -86,7 +86,7 @@ def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
         event.record(engine.stream)
         return event
 
-    def timed_launch(batch: Batch, sampled: list[int]) -> Launched:
+    def timed_launch(batch: Batch, sampled: list[int]) -> InFlight:
         # Before launch, which advances the lengths; only a cheap copy here, the arithmetic
         # comes after the run, so the host work being measured grows as little as possible.
         lengths.append((batch.phase, [(r.cached_len, r.device_len) for r in batch.reqs]))

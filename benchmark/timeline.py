@@ -180,9 +180,9 @@ def instrument(scheduler: Any) -> list[list[Any]]:
         launched.append([batch.phase, batch.size])
         return launch(batch)
 
-    def ranged_process(done: Any, in_flight: Any) -> Any:
+    def ranged_process(flight: Any, in_flight: Any) -> Any:
         with record_function("process"):  # InFlight is a NamedTuple: swap its event for ours
-            return process(done._replace(done=RangedEvent(done.done)), in_flight)
+            return process(flight._replace(done=RangedEvent(flight.done)), in_flight)
 
     scheduler._launch, scheduler._process = counted_launch, ranged_process
     # The forward's host ranges: the "device" lane where the device is the CPU.

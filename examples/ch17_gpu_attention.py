@@ -13,7 +13,7 @@ dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
 llm = LLM(MODEL, dtype=dtype, attention_backend="auto", max_running_req=2,
           num_page_override=256, page_size=16, max_seq_len_override=128)
 try:
-    print("auto 选了：", llm.backend.scheduler.engine.attention_backend)
+    print("auto 选了：", llm.backend.scheduler.engine.attention_backend_name)
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=12, ignore_eos=True))
     print(f"  → {out[0]['text']!r}")
 finally:

@@ -148,7 +148,7 @@ def test_generation_equals_transformers(fake_fi, name, page_size, models_dir, hf
     llm = LLM(str(path), attention_backend=name, page_size=page_size, max_running_req=4,
               num_page_override=512, max_seq_len_override=256, max_prefill_length=8)
     try:
-        assert llm.backend.scheduler.engine.attention_backend == name
+        assert llm.backend.scheduler.engine.attention_backend_name == name
         first = llm.generate(prompts[:1], SamplingParams(max_tokens=12, ignore_eos=True))
         rest = llm.generate(prompts[1:], SamplingParams(max_tokens=12, ignore_eos=True))
     finally:

@@ -78,9 +78,9 @@ def instrument(scheduler: Any, span: Span) -> list[str]:
 
     process = scheduler._process
 
-    def spanned_process(done: Any, next_reqs: Any) -> Any:
+    def spanned_process(flight: Any, next_reqs: Any) -> Any:
         with span("process"):
-            return process(done._replace(done=RangedEvent(done.done, span)), next_reqs)
+            return process(flight._replace(done=RangedEvent(flight.done, span)), next_reqs)
 
     scheduler.step = wrap("step", scheduler.step)
     scheduler._schedule = wrap("schedule", scheduler._schedule)

@@ -1,1 +1,1 @@
-../../../steps/ch21_benchmark/minisgl/scheduler/scheduler.py
+../../../steps/ch18_cuda_graph/minisgl/scheduler/scheduler.py

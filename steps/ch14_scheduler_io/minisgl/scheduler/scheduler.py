@@ -89,8 +89,8 @@ class Scheduler:
             launched = self._launch(batch, self._prepare(batch)) if batch is not None else None
             if not self.overlap:
                 return self._process(launched, None) if launched else []
-            done, self.in_flight = self.in_flight, launched
-            return self._process(done, launched) if done else []
+            to_read, self.in_flight = self.in_flight, launched
+            return self._process(to_read, launched) if to_read else []
 
     def _schedule(self) -> Batch | None:
         """Prompts first, and the running requests ride along: a prompt, or a long prompt's
@@ -147,15 +147,15 @@ class Scheduler:
                 self.decode.remove(req)
         return InFlight(batch, output, done, inputs=(rows, args, index_host))
 
-    def _process(self, done: InFlight, in_flight: InFlight | None) -> list[TokenOutput]:
+    def _process(self, flight: InFlight, in_flight: InFlight | None) -> list[TokenOutput]:
         """Read a finished batch's tokens on the host: append them, detect the end of each
         request, and release what finished requests hold once no batch uses it any more."""
         # After this, no device work of the batch is pending: a row or page it used may be
         # handed to another request.
-        done.done.synchronize()
+        flight.done.synchronize()
         still_used = set(in_flight.batch.reqs) if in_flight else set()
         results = []
-        for req, token in zip(done.batch.reqs, done.output.next_tokens_host.tolist()):
+        for req, token in zip(flight.batch.reqs, flight.output.next_tokens_host.tolist()):
             if req in self.finished:  # it ended (or was aborted) a step earlier
                 self.finished.discard(req)
                 self._free(req)

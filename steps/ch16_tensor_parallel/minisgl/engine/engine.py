@@ -54,6 +54,25 @@ class Engine:
             self._undo.pop()()
 
     def _build(self, config: EngineConfig) -> None:
+        """The steps in order: each uses what the ones before it built."""
+        self._set_up_device(config)
+        # All or nothing: a failure leaves no rank or group behind.
+        self.comm = init_distributed(self.tp, self.device, config.dist_init_address)
+        self._undo.append(destroy_distributed)
+        self.stream = create_stream(self.device)
+        self.model = load_model(config.model_path, config.dtype, self.device)  # our shards
+        self._allocate_kv_pool(config)
+        self._allocate_tables(config)
+        self._install_context(config)
+        self.sampler = Sampler(self.device, self.model.config.vocab_size, config.seed)
+        # Everything above ran on the current (default) stream, which the engine's streams do
+        # not wait for. An engine built after another one closed reuses the memory that one
+        # freed: a page table whose zero-fill had not run yet would hand the first batch old
+        # slots (an illegal address). Done before any batch.
+        synchronize(self.device)
+
+    def _set_up_device(self, config: EngineConfig) -> None:
+        """This rank's device, and as many CPU threads as this process computes well with."""
         self.tp = TPInfo(config.tp_rank, config.tp_size)
         self.device = pick_device(config.device)
         if self.device.type == "cuda":
@@ -69,13 +88,10 @@ class Engine:
         self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
         self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
                             else configure_gpu_host_threads())
-        # All or nothing: a failure leaves no rank or group behind.
-        self.comm = init_distributed(self.tp, self.device, config.dist_init_address)
-        self._undo.append(destroy_distributed)
-        self.stream = create_stream(self.device)
-        self.model = load_model(config.model_path, config.dtype, self.device)  # our shards
-        model_config = self.model.config
 
+    def _allocate_kv_pool(self, config: EngineConfig) -> None:
+        """As many KV pages as the memory budget holds, and the longest request they allow."""
+        model_config = self.model.config
         self.page_size = config.page_size
         kv_heads = model_config.num_kv_heads // self.tp.size  # this rank's KV heads only
         page_bytes = MHAKVPool.page_bytes(model_config.num_layers, config.page_size, kv_heads,
@@ -88,22 +104,23 @@ class Engine:
         # A request can never hold more tokens than the pool, nor more than RoPE was built for.
         self.max_seq_len = min(config.max_seq_len_override or model_config.max_position,
                                model_config.max_position, self.kv_pool.num_slots)
-        # page_table[row, i] = KV-pool slot of token i of the request in that row. Whole pages
-        # are written at once, so the width is rounded up to a multiple of page_size.
+
+    def _allocate_tables(self, config: EngineConfig) -> None:
+        """The tables with one row a request. page_table[row, i] = KV-pool slot of token i of
+        the request in that row. Whole pages are written at once, so the width is rounded up
+        to a multiple of page_size."""
         width = -(-self.max_seq_len // config.page_size) * config.page_size
         self.page_table = torch.zeros(config.max_running_req, width, dtype=torch.int32,
                                       device=self.device)
+
+    def _install_context(self, config: EngineConfig) -> None:
+        """The attention backend over the pool and the page table, in the process-global
+        Context that the model's layers read."""
         self.attn_backend = create_attention_backend(config.attention_backend, self.kv_pool,
                                                      self.page_table)
         self.ctx = Context(attn_backend=self.attn_backend)
         set_global_ctx(self.ctx)
         self._undo.append(self._uninstall_ctx)
-        self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
-        # Everything above ran on the current (default) stream, which the engine's streams do
-        # not wait for. An engine built after another one closed reuses the memory that one
-        # freed: a page table whose zero-fill had not run yet would hand the first batch old
-        # slots (an illegal address). Done before any batch.
-        synchronize(self.device)
 
     def _uninstall_ctx(self) -> None:
         # Only if it is still ours: an engine created since has installed its own.

@@ -24,9 +24,10 @@ from .graph import GraphRunner, capture_batch_sizes
 from .sampler import Sampler, SamplingArgs
 
 
-class Launched(NamedTuple):
-    """A batch handed to the device: its tokens come later."""
+class InFlight(NamedTuple):
+    """A launched batch whose sampled tokens have not been read on the host yet."""
 
+    batch: Batch
     output: ForwardOutput
     done: Event  # fires once all of the batch's device work, token-pool write included, is over
     # Tensors made on the preparation stream that the engine's stream still reads, and pinned
@@ -72,68 +73,20 @@ class Engine:
             self._undo.pop()()
 
     def _build(self, config: EngineConfig, warm_up_tokens: int | None) -> None:
-        self.tp = TPInfo(config.tp_rank, config.tp_size)
-        self.device = pick_device(config.device)
-        if self.device.type == "cuda":
-            if self.tp.size > 1:  # one GPU per rank
-                if self.tp.size > torch.cuda.device_count():
-                    raise ValueError(f"TP size {self.tp.size} needs {self.tp.size} GPUs; "
-                                     f"{torch.cuda.device_count()} are visible")
-                self.device = torch.device("cuda", self.tp.rank)
-            elif self.device.index is None:
-                self.device = torch.device("cuda", 0)
-            self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
-            torch.cuda.set_device(self.device)
-        self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
-                            else configure_gpu_host_threads())
+        """The steps in order: each uses what the ones before it built."""
+        self._set_up_device(config)
         # All or nothing: a failure leaves no rank or group behind.
         self.comm = init_distributed(self.tp, self.device, config.dist_init_address)
         self._undo.append(destroy_distributed)
         self.stream = create_stream(self.device)
-        # Before any weight is read: a backend that cannot run here is an error message now,
-        # not a crash inside the first forward.
-        self.attention_backend = resolve_attention_backend(
-            config.attention_backend, self.device, config.dtype,
-            ModelConfig.from_dir(config.model_path).head_dim)
+        self._choose_backends(config)
         self.model = load_model(config.model_path, config.dtype, self.device)  # our shards
-        model_config = self.model.config
-
-        self.page_size = config.page_size
-        kv_heads = model_config.num_kv_heads // self.tp.size  # this rank's KV heads only
-        page_bytes = MHAKVPool.page_bytes(model_config.num_layers, config.page_size, kv_heads,
-                                          model_config.head_dim, config.dtype)
-        # Every rank must see the same pool size, or their schedulers would decide differently.
-        self.num_pages = self.comm.min_over_ranks(
-            config.num_page_override or self._pages_that_fit(config, page_bytes) - 1)
-        # One page more than the scheduler hands out: where the padding rows of a replayed
-        # decode graph write their K and V (chapter 18). A memory budget pays for it (hence the
-        # - 1 above); an explicit page count is the scheduler's alone.
-        self.kv_pool = MHAKVPool(model_config.num_layers, self.num_pages + 1, config.page_size,
-                                 kv_heads, model_config.head_dim, config.dtype, self.device)
-        # A request can never hold more tokens than the pool, nor more than RoPE was built for.
-        self.max_seq_len = min(config.max_seq_len_override or model_config.max_position,
-                               model_config.max_position, self.num_pages * config.page_size)
-        # page_table[row, i] = KV-pool slot of token i of the request in that row. Whole pages
-        # are written at once, so the width is rounded up to a multiple of page_size.
-        width = -(-self.max_seq_len // config.page_size) * config.page_size
-        # One row more than the scheduler hands out, pointing at the spare page: the padding
-        # rows of a replayed decode graph. token_pool[row, i] is token i of that row's request:
-        # each step reads its input ids there and writes its sampled tokens back, on the device.
-        self.page_table = torch.zeros(config.max_running_req + 1, width, dtype=torch.int32,
-                                      device=self.device)
-        self.dummy_row = config.max_running_req
-        self.page_table[self.dummy_row] = self.num_pages * config.page_size
-        self.token_pool = torch.zeros_like(self.page_table)
-        self.attn_backend = create_attention_backend(
-            self.attention_backend, self.kv_pool, self.page_table,
-            model_config.num_q_heads // self.tp.size)  # this rank's query heads
-        self.ctx = Context(attn_backend=self.attn_backend)
-        set_global_ctx(self.ctx)
-        self._undo.append(self._uninstall_ctx)
-        self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
+        self._allocate_kv_pool(config)
+        self._allocate_tables(config)
+        self._install_context(config)
+        self.sampler = Sampler(self.device, self.model.config.vocab_size, config.seed)
         self.prepare_stream = create_stream(self.device)  # host work ahead of the forward
-        self.graphs = self._capture_graphs(config, model_config.vocab_size)
+        self.graphs = self._capture_graphs(config, self.model.config.vocab_size)
         # Graphs hold NCCL work at TP > 1: they go before the process group does.
         self._undo.append(self._drop_graphs)
         # Everything above ran on the current (default) stream, which the engine's streams do
@@ -149,6 +102,74 @@ class Engine:
             # once the objects that survived since outnumber a quarter of those it walked.
             gc.collect()
 
+    def _set_up_device(self, config: EngineConfig) -> None:
+        """This rank's device, and as many CPU threads as this process computes well with."""
+        self.tp = TPInfo(config.tp_rank, config.tp_size)
+        self.device = pick_device(config.device)
+        if self.device.type == "cuda":
+            if self.tp.size > 1:  # one GPU per rank
+                if self.tp.size > torch.cuda.device_count():
+                    raise ValueError(f"TP size {self.tp.size} needs {self.tp.size} GPUs; "
+                                     f"{torch.cuda.device_count()} are visible")
+                self.device = torch.device("cuda", self.tp.rank)
+            elif self.device.index is None:
+                self.device = torch.device("cuda", 0)
+            self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
+            torch.cuda.set_device(self.device)
+        self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
+        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
+                            else configure_gpu_host_threads())
+
+    def _choose_backends(self, config: EngineConfig) -> None:
+        """Before any weight is read: a backend that cannot run here is an error message now,
+        not a crash inside the first forward."""
+        self.attention_backend_name = resolve_attention_backend(
+            config.attention_backend, self.device, config.dtype,
+            ModelConfig.from_dir(config.model_path).head_dim)
+
+    def _allocate_kv_pool(self, config: EngineConfig) -> None:
+        """As many KV pages as the memory budget holds, and the longest request they allow."""
+        model_config = self.model.config
+        self.page_size = config.page_size
+        kv_heads = model_config.num_kv_heads // self.tp.size  # this rank's KV heads only
+        page_bytes = MHAKVPool.page_bytes(model_config.num_layers, config.page_size, kv_heads,
+                                          model_config.head_dim, config.dtype)
+        # Every rank must see the same pool size, or their schedulers would decide differently.
+        self.num_pages = self.comm.min_over_ranks(
+            config.num_page_override or self._pages_that_fit(config, page_bytes) - 1)
+        # One page more than the scheduler hands out: where the padding rows of a replayed
+        # decode graph write their K and V (chapter 18). A memory budget pays for it (hence the
+        # - 1 above); an explicit page count is the scheduler's alone.
+        self.kv_pool = MHAKVPool(model_config.num_layers, self.num_pages + 1, config.page_size,
+                                 kv_heads, model_config.head_dim, config.dtype, self.device)
+        # A request can never hold more tokens than the pool, nor more than RoPE was built for.
+        self.max_seq_len = min(config.max_seq_len_override or model_config.max_position,
+                               model_config.max_position, self.num_pages * config.page_size)
+
+    def _allocate_tables(self, config: EngineConfig) -> None:
+        """The tables with one row a request. page_table[row, i] = KV-pool slot of token i of
+        the request in that row. Whole pages are written at once, so the width is rounded up
+        to a multiple of page_size. token_pool[row, i] is token i of that row's request: each
+        step reads its input ids there and writes its sampled tokens back, on the device."""
+        width = -(-self.max_seq_len // config.page_size) * config.page_size
+        # One row more than the scheduler hands out, pointing at the spare page: the padding
+        # rows of a replayed decode graph.
+        self.page_table = torch.zeros(config.max_running_req + 1, width, dtype=torch.int32,
+                                      device=self.device)
+        self.dummy_row = config.max_running_req
+        self.page_table[self.dummy_row] = self.num_pages * config.page_size
+        self.token_pool = torch.zeros_like(self.page_table)
+
+    def _install_context(self, config: EngineConfig) -> None:
+        """The attention backend over the pool and the page table, in the process-global
+        Context that the model's layers read."""
+        self.attn_backend = create_attention_backend(
+            self.attention_backend_name, self.kv_pool, self.page_table,
+            self.model.config.num_q_heads // self.tp.size)  # this rank's query heads
+        self.ctx = Context(attn_backend=self.attn_backend)
+        set_global_ctx(self.ctx)
+        self._undo.append(self._uninstall_ctx)
+
     def _drop_graphs(self) -> None:
         if self.graphs is not None:
             self.graphs.close()
@@ -160,7 +181,7 @@ class Engine:
         over the whole max_seq_len and is only there for the emulation)."""
         emulate = config.cuda_graph == "emulate"
         if config.cuda_graph == "off" or (not emulate and (
-                self.device.type != "cuda" or self.attention_backend == "torch")):
+                self.device.type != "cuda" or self.attention_backend_name == "torch")):
             return None
         max_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         sizes = capture_batch_sizes(max_bs)
@@ -227,7 +248,7 @@ class Engine:
         copy_done.record(self.stream)
         return ForwardOutput(next_tokens, next_tokens_host, copy_done)
 
-    def launch(self, batch: Batch, sampled: list[int]) -> Launched:
+    def launch(self, batch: Batch, sampled: list[int]) -> InFlight:
         """Compute one batch whose pages are allocated: prepare its inputs on the preparation
         stream, run its forward on the engine's stream — a graph replay for a decode batch of
         a captured size, else eagerly — sample, and write the tokens of the requests at
@@ -271,7 +292,7 @@ class Engine:
                 self.token_pool[index[0], index[1]] = output.next_tokens_device[index[2]]
             done = create_event(self.device)
             done.record(self.stream)
-        return Launched(output, done, inputs=(rows, args, index_host))
+        return InFlight(batch, output, done, inputs=(rows, args, index_host))
 
     def warm_up(self, num_tokens: int) -> None:
         """One eager prefill of `num_tokens` tokens before any request. A process's first

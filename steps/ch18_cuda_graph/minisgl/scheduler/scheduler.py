@@ -7,8 +7,8 @@ from typing import NamedTuple
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.engine import Engine, ForwardOutput
-from minisgl.utils import Event, use_stream
+from minisgl.engine import Engine, InFlight
+from minisgl.utils import use_stream
 
 from .cache import CacheManager
 from .config import SchedulerConfig, read_eos_token_ids
@@ -26,18 +26,6 @@ class TokenOutput(NamedTuple):
     # It finished because `token` is an end-of-sequence token (not because of max_tokens):
     # the token is no text, and the reason the API reports is "stop".
     eos: bool = False
-
-
-class InFlight(NamedTuple):
-    """A launched batch whose sampled tokens have not been read on the host yet."""
-
-    batch: Batch
-    output: ForwardOutput
-    done: Event  # fires once the batch's work on the device, token-pool write included, is over
-    # What the engine's stream still reads after launch: tensors made on the preparation stream
-    # and pinned host buffers being copied. Holding them until `done` keeps the allocators
-    # from handing their memory to the next step while the device still needs it.
-    inputs: tuple[object, ...]
 
 
 @dataclass
@@ -118,9 +106,10 @@ class Scheduler:
                 # not wait for this batch's preparation.
                 tokens, self.in_flight = self._process(self.in_flight, batch.reqs), None
             launched = self._launch(batch) if batch is not None else None
-            done, self.in_flight = (self.in_flight, launched) if self.overlap else (launched, None)
-            if done is not None:
-                tokens = self._process(done, self.in_flight.batch.reqs if self.in_flight else [])
+            to_read, self.in_flight = ((self.in_flight, launched) if self.overlap
+                                       else (launched, None))
+            if to_read is not None:
+                tokens = self._process(to_read, self.in_flight.batch.reqs if self.in_flight else [])
         if batch is not None:
             self.step_times[batch.phase].add(time.perf_counter() - start, batch.size)
         return tokens
@@ -135,6 +124,20 @@ class Scheduler:
         return Batch([*self.decode.running, *prefill.reqs], "prefill")
 
     def _launch(self, batch: Batch) -> InFlight:
+        """Compute the batch; its requests' lengths are known now, their tokens later."""
+        flight = self._compute(batch)
+        for req in batch.reqs:
+            if isinstance(req, ChunkedReq):
+                continue
+            if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
+                self._cache_req(req, finished=False)
+            if req.can_decode and req not in self.finished:
+                self.decode.add(req)
+            else:  # it reached max_tokens in this batch: no further step may include it
+                self.decode.remove(req)
+        return flight
+
+    def _compute(self, batch: Batch) -> InFlight:
         """Pages for the batch's new tokens, then the engine computes it (graph or not)."""
         self.cache.allocate(batch.reqs)
         if batch.is_prefill:  # its running requests compute one token each, not a prompt
@@ -142,28 +145,18 @@ class Scheduler:
                                                 if r not in self.decode.running)
         # A partial prompt's sampled token means nothing: it must not reach the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
-        launched = self.engine.launch(batch, sampled)  # also advances each req's lengths
-        for req in batch.reqs:  # lengths are known now, the tokens later
-            if isinstance(req, ChunkedReq):
-                continue
-            if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
-                self.cache.cache_req(req, finished=False)
-            if req.can_decode and req not in self.finished:
-                self.decode.add(req)
-            else:  # it reached max_tokens in this batch: no further step may include it
-                self.decode.remove(req)
-        return InFlight(batch, *launched)
+        return self.engine.launch(batch, sampled)  # also advances each req's lengths
 
-    def _process(self, done: InFlight, next_reqs: list[Req]) -> list[TokenOutput]:
+    def _process(self, flight: InFlight, next_reqs: list[Req]) -> list[TokenOutput]:
         """Read a finished batch's tokens on the host: append them, detect the end of each
         request, and release what finished requests hold once no batch uses it any more
         (`next_reqs`: the batch launched, or about to be, after this one)."""
         # After this, no device work of the batch is pending: a row or page it used may be
         # handed to another request.
-        done.done.synchronize()
+        flight.done.synchronize()
         still_used = set(next_reqs)
         results = []
-        for req, token in zip(done.batch.reqs, done.output.next_tokens_host.tolist()):
+        for req, token in zip(flight.batch.reqs, flight.output.next_tokens_host.tolist()):
             if req in self.finished:  # it ended (or was aborted) a step earlier
                 self.finished.discard(req)
                 self._free(req)
@@ -220,5 +213,9 @@ class Scheduler:
                                        ("requests", t.requests))}}
 
     def _free(self, req: Req) -> None:
-        self.cache.cache_req(req, finished=True)
+        self._cache_req(req, finished=True)
         self.table.free(req.table_idx)
+
+    def _cache_req(self, req: Req, finished: bool) -> None:
+        """The prefix cache takes `req`'s pages: all once it finished, else its prompt's."""
+        self.cache.cache_req(req, finished)

@@ -12,8 +12,9 @@ from minisgl.core import SamplingParams
 from minisgl.engine import check_request_fits
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
-from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
+from minisgl.scheduler import SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
+from minisgl.scheduler.traced import create_scheduler
 from minisgl.utils import trace as tracing
 from minisgl.utils.process import ReadyQueue, rendezvous_address, stop_processes, wait_ready
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
@@ -26,7 +27,7 @@ class InProcess:
     """TP = 1: the scheduler runs right here, stepped by generate()."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.scheduler = Scheduler(config)
+        self.scheduler = create_scheduler(config)
         self.max_seq_len = self.scheduler.engine.max_seq_len
 
     def add(self, requests: list[Request]) -> None:

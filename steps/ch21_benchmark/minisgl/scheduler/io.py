@@ -23,6 +23,7 @@ from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
 
 from .config import SchedulerConfig
 from .scheduler import Scheduler, TokenOutput
+from .traced import create_scheduler
 
 MAX_DRAIN = 256  # messages taken into one iteration at most
 PROBE, GO = b"probe", b"go"  # start-up handshake frames; real frames are msgpack lists
@@ -168,7 +169,7 @@ def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: 
                   reply: str | None, status: Reporter) -> None:
     """A scheduler process, TP rank config.tp_rank: load this rank's shards, report ready with
     the limits the API server must know, then loop until an ExitMsg."""
-    scheduler = Scheduler(config)
+    scheduler = create_scheduler(config)
     try:
         io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
         with closing(io):
