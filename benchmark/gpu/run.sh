@@ -90,7 +90,7 @@ part_decode() {  # chapter 21: decode ms/step at batch 1 and 32, three processes
 }
 
 part_serving() {  # chapter 15: the serving floors, the same command three times
-    start ch15_serving.h200.txt
+    start ch15_serving_floors.h200.txt
     local args=(--device cuda --model $M --num-requests 400 --input-len 1024 --output-len 256
                 --rates 16 inf --compare-offline) n
     rm -f /tmp/gpu-json/serving_*.json
@@ -98,7 +98,7 @@ part_serving() {  # chapter 15: the serving floors, the same command three times
         cmd 180 python3 benchmark/online.py "${args[@]}" --json /tmp/gpu-json/serving_$n.json
     done
     python3 benchmark/gpu/median.py serving /tmp/gpu-json/serving_{1,2,3}.json >> "$R"
-    show ch15_serving.h200.txt 8
+    show ch15_serving_floors.h200.txt 8
 }
 
 part_timeline() {  # chapter 21: the overlap scheduler's timeline at batch 256 and 16
