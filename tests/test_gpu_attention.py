@@ -8,6 +8,7 @@ kernels run in tests/test_gpu_attention_cuda.py."""
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -379,3 +380,20 @@ def test_a_placeholder_checkpoint_skips_gpu_tests_with_the_reason(tmp_path):
     weights.write_bytes(b"")
     with pytest.raises(pytest.skip.Exception, match="neither SmolLM2's weights"):
         gpu_model(tmp_path)
+
+
+@pytest.mark.parametrize("width, fused", [(2 * 32, True), (2 * 20, False)])
+def test_silu_and_mul_leaves_flashinfer_a_half_that_is_not_whole_16_byte_pieces(
+        monkeypatch, width: int, fused: bool) -> None:
+    """FlashInfer's silu_and_mul reads 16 bytes at a time: with 20 bfloat16 values a half (40
+    bytes) the second row's loads are misaligned on a GPU, so the reference computes it."""
+    from minisgl.kernel import activation
+
+    used = []
+    fake = types.SimpleNamespace(silu_and_mul=lambda x: used.append(x) or activation.F.silu(
+        x.chunk(2, dim=-1)[0]) * x.chunk(2, dim=-1)[1])
+    monkeypatch.setattr(activation, "flashinfer_for", lambda x: fake)
+    x = torch.randn(3, width).to(torch.bfloat16)
+    gate, up = x.chunk(2, dim=-1)
+    assert torch.equal(activation.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+    assert bool(used) == fused
