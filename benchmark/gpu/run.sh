@@ -4,7 +4,7 @@
 #     OUT=/some/folder bash benchmark/gpu/run.sh PART [PART ...]
 #
 # run from the repository root on a machine with an NVIDIA GPU (the book's: one H200). Each
-# part writes its records under $OUT, named by topic (chNN_<topic>.h200.txt: NN is the chapter
+# part writes its records under $OUT, named by topic (chNN_<topic>.<card>.txt, <card> h200 on the book's H200: NN is the chapter
 # whose page cites it), each starting with a header: the date, the GPU and the host with its
 # speed, the software versions, the part that made it, then every command as it ran. Several
 # parts in one call run one after another on the same machine. What each part measures, the
@@ -27,6 +27,11 @@ cd "$(dirname "$0")/../.."
 source benchmark/gpu/setup.sh
 
 M=models/qwen3-0.6b-random
+# Records are named after the card that made them (h200 for the book's), so a run on another card
+# never passes for the book's: chNN_topic.h100.txt on an H100.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep -oiE "[a-z][0-9]{2,3}" \
+       | head -n 1 | tr "[:upper:]" "[:lower:]")
+CARD=${CARD:-gpu}
 PART=
 
 # start NAME: the record $OUT/NAME begins with its header; `cmd` and `note` append to it.
@@ -58,7 +63,7 @@ tiny_models() {
 }
 
 part_offline() {  # chapter 21: the official offline workload, the official measure
-    start ch21_offline.h200.txt
+    start ch21_offline.${CARD}.txt
     note "# 官方的量法：每个新进程计时一轮（--rounds 1），三个进程；然后 transformers 在同一个进程里与我们并排一次"
     local args=(--device cuda --model $M --attn flashinfer --rounds 1) n
     rm -f /tmp/gpu-json/offline_*.json
@@ -67,30 +72,30 @@ part_offline() {  # chapter 21: the official offline workload, the official meas
             --skip-transformers --json /tmp/gpu-json/offline_$n.json
     done
     python3 benchmark/gpu/median.py offline /tmp/gpu-json/offline_{1,2,3}.json >> "$R"
-    cmd 420 python3 benchmark/offline.py "${args[@]}" --json "$OUT/ch21_offline.h200.json"
-    show ch21_offline.h200.txt 12
+    cmd 420 python3 benchmark/offline.py "${args[@]}" --json "$OUT/ch21_offline.${CARD}.json"
+    show ch21_offline.${CARD}.txt 12
 }
 
 part_ablate() {  # chapter 21: each feature off in turn, transformers in the same run
-    start ch21_ablate.h200.txt
+    start ch21_ablate.${CARD}.txt
     cmd 570 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
         --ablate overlap cuda-graph custom-kernels radix page-16 \
-        --json "$OUT/ch21_ablate.h200.json" --plot "$OUT/ch21_ablate.h200.png"
-    show ch21_ablate.h200.txt 12
+        --json "$OUT/ch21_ablate.${CARD}.json" --plot "$OUT/ch21_ablate.${CARD}.png"
+    show ch21_ablate.${CARD}.txt 12
 }
 
 part_decode() {  # chapter 21: decode ms/step at batch 1 and 32, three processes
-    start ch21_decode.h200.txt
+    start ch21_decode.${CARD}.txt
     local args=(--model $M --tp 1 --batch 1 32 --device cuda --attn flashinfer)
     cmd 300 python3 benchmark/tp_decode.py "${args[@]}" --transformers
     cmd 120 python3 benchmark/tp_decode.py "${args[@]}"
     cmd 120 python3 benchmark/tp_decode.py "${args[@]}"
     python3 benchmark/gpu/median.py decode "$R" >> "$R"
-    show ch21_decode.h200.txt 6
+    show ch21_decode.${CARD}.txt 6
 }
 
 part_serving() {  # chapter 15: the serving floors, the same command three times
-    start ch15_serving_floors.h200.txt
+    start ch15_serving_floors.${CARD}.txt
     local args=(--device cuda --model $M --num-requests 400 --input-len 1024 --output-len 256
                 --rates 16 inf --compare-offline) n
     rm -f /tmp/gpu-json/serving_*.json
@@ -98,128 +103,129 @@ part_serving() {  # chapter 15: the serving floors, the same command three times
         cmd 180 python3 benchmark/online.py "${args[@]}" --json /tmp/gpu-json/serving_$n.json
     done
     python3 benchmark/gpu/median.py serving /tmp/gpu-json/serving_{1,2,3}.json >> "$R"
-    show ch15_serving_floors.h200.txt 8
+    show ch15_serving_floors.${CARD}.txt 8
 }
 
 part_timeline() {  # chapter 21: the overlap scheduler's timeline at batch 256 and 16
-    start ch21_timeline.h200.txt
+    start ch21_timeline.${CARD}.txt
     local b
     for b in 256 16; do
         cmd 150 python3 benchmark/timeline.py --device cuda --model $M --batch $b \
-            --json "$OUT/ch21_timeline_b$b.h200.json" --plot "$OUT/ch21_timeline_b$b.h200.png"
+            --json "$OUT/ch21_timeline_b$b.${CARD}.json" --plot "$OUT/ch21_timeline_b$b.${CARD}.png"
         note "# $(host_speed)"
     done
-    show ch21_timeline.h200.txt 16
+    show ch21_timeline.${CARD}.txt 16
 }
 
 part_roofline() {  # chapter 21: every step of the official workload against its bound
-    start ch21_roofline.h200.txt
+    start ch21_roofline.${CARD}.txt
     cmd 240 python3 benchmark/roofline.py --device cuda --model $M --workload official \
-        --json "$OUT/ch21_roofline.h200.json"
-    show ch21_roofline.h200.txt 14
+        --json "$OUT/ch21_roofline.${CARD}.json"
+    show ch21_roofline.${CARD}.txt 14
 }
 
 part_kernels() {  # chapters 17 and 19: the kernels against what they replace
-    start ch19_kernel_bench.h200.txt
+    start ch19_kernel_bench.${CARD}.txt
     cmd 150 python3 benchmark/kernel_bench.py --tokens 1 256 16384
-    start ch17_decode_attention.h200.txt
+    start ch17_decode_attention.${CARD}.txt
     cmd 150 python3 benchmark/gpu/decode_attention.py
-    start ch19_decode_attention.h200.txt
+    start ch19_decode_attention.${CARD}.txt
     cmd 150 python3 benchmark/gpu/decode_attention.py --graph --batch 1 2 4 8 16 32 \
         --context 1024 4096 --page-size 256
     cmd 150 python3 benchmark/gpu/decode_attention.py --mixed --batch 8 16 32 64 128 256
-    start ch19_gemv_bench.h200.txt
+    start ch19_gemv_bench.${CARD}.txt
     cmd 90 python3 benchmark/gpu/gemv_bench.py
-    start ch19_sample_bench.h200.txt
+    start ch19_sample_bench.${CARD}.txt
     cmd 90 python3 benchmark/gpu/sample_bench.py
     local record
     for record in ch19_kernel_bench ch17_decode_attention ch19_decode_attention ch19_gemv_bench \
                   ch19_sample_bench; do
-        show $record.h200.txt 8
+        show $record.${CARD}.txt 8
     done
 }
 
 part_bandwidth() {  # chapters 19 and 21: how close the decode step's reads get to the memory's
-    start ch21_read_speed.h200.txt
+    start ch21_read_speed.${CARD}.txt
     cmd 120 python3 benchmark/gpu/read_speed.py --batch 256 --context 718
     cmd 120 python3 benchmark/gpu/read_speed.py --batch 64 --context 710
     cmd 120 python3 benchmark/gpu/decode_attention.py --graph --batch 64 256 --context 710 718 \
         --page-size 256
-    start ch21_gemm_shapes.h200.txt
+    start ch21_gemm_shapes.${CARD}.txt
     cmd 120 python3 benchmark/gpu/gemm_shapes.py --no-triton --rows 16 64 128 256
     cmd 120 python3 benchmark/gpu/gemm_shapes.py --no-triton --rows 16 64 128 256 --hot
-    start ch21_pdl_gemm.h200.txt
+    start ch21_pdl_gemm.${CARD}.txt
     cmd 300 python3 benchmark/gpu/pdl_gemm.py --rows 16 64 128 256
     local record
-    for record in ch21_read_speed ch21_gemm_shapes ch21_pdl_gemm; do show $record.h200.txt 10; done
+    for record in ch21_read_speed ch21_gemm_shapes ch21_pdl_gemm; do show $record.${CARD}.txt 10; done
 }
 
 part_profile() {  # chapters 19 and 21: where a decode step's and the workload's GPU time goes
-    start ch21_decode_profile.h200.txt
+    start ch21_decode_profile.${CARD}.txt
     cmd 120 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 --top 25
     cmd 120 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
         --prompt-len 700 --page-size 256 --temperature 0.6 --top 25
-    start ch21_workload_profile.h200.txt
+    start ch21_workload_profile.${CARD}.txt
     cmd 300 python3 benchmark/gpu/workload_profile.py --model $M --out /tmp/gpu-pyspy
-    start ch21_attention_share.h200.txt
+    start ch21_attention_share.${CARD}.txt
     local b
     for b in 64 128 256; do  # one batch a process: each engine sizes its pool alone
         cmd 120 python3 benchmark/gpu/attention_share.py --model $M --batch $b
     done
     local record
     for record in ch21_decode_profile ch21_workload_profile ch21_attention_share; do
-        show $record.h200.txt 10
+        show $record.${CARD}.txt 10
     done
 }
 
 part_host() {  # chapters 15, 18 and 21: the host's share of prefill steps and of a round
-    start ch15_prefill_host.h200.txt
+    start ch15_prefill_host.${CARD}.txt
     cmd 120 python3 benchmark/gpu/prefill_host.py --model $M
-    start ch15_linear_shapes.h200.txt
+    start ch15_linear_shapes.${CARD}.txt
     cmd 60 python3 benchmark/gpu/linear_shapes.py
     cmd 60 env TORCH_BLAS_PREFER_CUBLASLT=1 python3 benchmark/gpu/linear_shapes.py
-    start ch21_prefill_gaps.h200.txt
+    start ch21_prefill_gaps.${CARD}.txt
     cmd 120 python3 benchmark/gpu/prefill_gaps.py --model $M --no-profiler
     cmd 120 python3 benchmark/gpu/prefill_gaps.py --model $M --no-profiler --cprofile 45
-    start ch18_first_round.h200.txt
+    start ch18_first_round.${CARD}.txt
     cmd 200 python3 benchmark/gpu/first_round.py --model $M
-    start ch21_host_probe.h200.txt
+    start ch21_host_probe.${CARD}.txt
     cmd 200 python3 benchmark/gpu/host_probe.py --model $M
     local record
     for record in ch15_prefill_host ch15_linear_shapes ch21_prefill_gaps ch18_first_round \
                   ch21_host_probe; do
-        show $record.h200.txt 8
+        show $record.${CARD}.txt 8
     done
 }
 
 part_moe() {  # chapter 20: one MoE layer, then a 12-layer Qwen3-30B-A3B-shaped model
-    start ch20_moe_bench.h200.txt
+    start ch20_moe_bench.${CARD}.txt
     cmd 180 python3 benchmark/moe_bench.py --tokens 1 64 256 4096 --sweep
-    start ch20_moe_profile.h200.txt
+    start ch20_moe_profile.${CARD}.txt
     cmd 120 python3 benchmark/moe_bench.py --tokens 1 --profile
-    start ch20_offline_moe.h200.txt
+    start ch20_offline_moe.${CARD}.txt
     # 16 GB of random weights, built once a machine (a later call on it finds them).
     cmd 400 python3 tools/models.py --only qwen3-moe-random \
         && cmd 300 python3 benchmark/offline.py --device cuda --model models/qwen3-moe-random \
             --attn flashinfer --skip-transformers
     local record
-    for record in ch20_moe_bench ch20_moe_profile ch20_offline_moe; do show $record.h200.txt 8; done
+    for record in ch20_moe_bench ch20_moe_profile ch20_offline_moe; do show $record.${CARD}.txt 8; done
 }
 
 part_mains() {  # chapters 17-20: each chapter's main, built on its own, on the GPU
     tiny_models
     smollm2_from_parts /tmp/gpu-models.txt \
         || echo "SmolLM2 is missing: the mains that use it will fail (README: three calls)"
-    local slug
+    local slug  # MAINS="17 18" runs some of them (a fresh machine compiles for minutes)
     for slug in ch17_gpu_attention ch18_cuda_graph ch19_cuda_kernels ch20_moe; do
+        [[ " ${MAINS:-17 18 19 20} " == *" ${slug:2:2} "* ]] || continue
         local n=${slug:2:2}
-        start ${slug}_main.h200.txt
+        start ${slug}_main.${CARD}.txt
         local dir=/tmp/gpu-mains/ch$n
         note "\$ python3 tools/steps.py build $n $dir && cd $dir && python3 main.py"
         rm -rf $dir
-        quiet 150 bash -c "python3 tools/steps.py build $n $dir > /dev/null \
+        quiet 300 bash -c "python3 tools/steps.py build $n $dir > /dev/null \
             && cd $dir && PYTHONPATH=.:/tmp/site python3 main.py"
-        show ${slug}_main.h200.txt 4
+        show ${slug}_main.${CARD}.txt 4
     done
 }
 
@@ -227,11 +233,11 @@ part_tests() {  # the GPU test modules
     tiny_models
     smollm2_from_parts /tmp/gpu-models.txt \
         || echo "SmolLM2 is missing: the tests that use it skip (README: three calls)"
-    start gpu_pytest.h200.txt
+    start gpu_pytest.${CARD}.txt
     cmd 560 python3 -m pytest -v -rs --durations=10 -p no:cacheprovider \
         tests/test_tp_gpu.py tests/test_gpu_attention_cuda.py tests/test_cuda_graph_cuda.py \
         tests/test_cuda_kernels_cuda.py tests/test_fused_moe_cuda.py tests/test_overlap_gpu.py
-    show gpu_pytest.h200.txt 20
+    show gpu_pytest.${CARD}.txt 20
 }
 
 for PART in "$@"; do
