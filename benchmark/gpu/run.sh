@@ -4,8 +4,8 @@
 #     OUT=/some/folder bash benchmark/gpu/run.sh PART [PART ...]
 #
 # run from the repository root on a machine with an NVIDIA GPU (the book's: one H200). Each
-# part writes its records under $OUT, named by topic (chNN_<topic>.<card>.txt, <card> h200 on the book's H200: NN is the chapter
-# whose page cites it), each starting with a header: the date, the GPU and the host with its
+# part writes its records under $OUT, named by topic (chNN_<topic>.<card>.txt: NN is the chapter
+# whose page cites it, <card> h200 on the book's H200), each starting with a header: the date, the GPU and the host with its
 # speed, the software versions, the part that made it, then every command as it ran. Several
 # parts in one call run one after another on the same machine. What each part measures, the
 # wheels and files to carry, and how long each part takes: benchmark/gpu/README.md.
