@@ -40,10 +40,11 @@ mutate: setup
 setup: $(VENV)/.installed models
 
 # tests/test_animate.py measures chapter 0's player in headless Chromium (with a CJK font);
-# installed only where it is missing.
+# installed only where it is missing, with apt-get where there is one (elsewhere: install
+# Chromium yourself, or those tests say what is missing).
 browser:
-	command -v chromium >/dev/null 2>&1 || { apt-get update -q && \
-		apt-get install -y -q chromium fonts-noto-cjk; }
+	command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+		{ apt-get update -q && apt-get install -y -q chromium fonts-noto-cjk; }
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
