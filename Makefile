@@ -40,7 +40,7 @@ mutate: setup
 setup: $(VENV)/.installed $(VENV)/cuda/installed.txt models
 
 # The CUDA 13.4 and 12.9 compilers that tests/test_cuda_toolchains.py compiles chapter 19's
-# kernels with (about 0.2 GB of wheels, 0.6 GB installed), each in its own folder of .venv/cuda.
+# kernels with (257 MB of wheels, 640 MB installed), each in its own folder of .venv/cuda.
 $(VENV)/cuda/installed.txt: $(VENV)/.installed tools/cuda_toolchains.py
 	$(PY) tools/cuda_toolchains.py
 
