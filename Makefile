@@ -37,7 +37,12 @@ serve: setup
 mutate: setup
 	$(PY) tools/mutate.py $(MUTATE)
 
-setup: $(VENV)/.installed models
+setup: $(VENV)/.installed $(VENV)/cuda/installed.txt models
+
+# The CUDA 13.4 and 12.9 compilers that tests/test_cuda_toolchains.py compiles chapter 19's
+# kernels with (257 MB of wheels, 640 MB installed), each in its own folder of .venv/cuda.
+$(VENV)/cuda/installed.txt: $(VENV)/.installed tools/cuda_toolchains.py
+	$(PY) tools/cuda_toolchains.py
 
 # tests/test_animate.py measures chapter 0's player in headless Chromium (with a CJK font);
 # installed only where it is missing, with apt-get where there is one (elsewhere: install

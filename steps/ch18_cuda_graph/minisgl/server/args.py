@@ -6,17 +6,19 @@ import argparse
 import errno
 import socket
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from minisgl.scheduler import SchedulerConfig
 
-from minisgl.attention import ATTENTION_BACKENDS, resolve_attention_backend
-from minisgl.kvcache import PREFIX_CACHES
-from minisgl.models import ModelConfig, check_tensor_parallel
-from minisgl.scheduler import SchedulerConfig
-from minisgl.utils import pick_device
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The names --dtype, --cache-type, --attn take, written out rather than read from torch and
+# the registries: --help, --version and a mistyped flag answer before torch and the backends are
+# imported, which takes seconds (tests/test_cli.py checks them against the registries' names).
+DTYPES = ("float32", "bfloat16", "float16")
+PREFIX_CACHE_NAMES = ("naive", "radix")
+ATTENTION_BACKEND_NAMES = ("fa", "flashinfer", "torch")
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,19 @@ class ServerArgs:
     shell: bool = False
 
 
+def package_version() -> str:
+    try:
+        return version("minisgl")
+    except PackageNotFoundError:  # a source tree that pip never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minisgl",
         description="Serve a model with an OpenAI-compatible API (or chat with it: --shell).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--model", "--model-path", dest="model", required=True,
                    help="directory of a Hugging Face checkpoint (config.json, safetensors, "
                         "tokenizer)")
@@ -51,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights and activations; auto is bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--device", default=None,
                    help="cuda, cuda:N or cpu (default: CUDA when present, else the CPU)")
-    p.add_argument("--cache-type", choices=PREFIX_CACHES.names(), default="radix",
+    p.add_argument("--cache-type", choices=PREFIX_CACHE_NAMES, default="radix",
                    help="prefix cache: radix shares prompt prefixes, naive shares nothing")
-    p.add_argument("--attention-backend", "--attn", choices=["auto", *ATTENTION_BACKENDS.names()],
+    p.add_argument("--attention-backend", "--attn", choices=["auto", *ATTENTION_BACKEND_NAMES],
                    default="auto",
                    help="attention kernels; auto: the fastest that runs here (torch on the CPU)")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
@@ -99,8 +109,9 @@ def _cannot_listen(host: str, port: int) -> str | None:
     return None
 
 
-def parse_args(argv: list[str]) -> ServerArgs:
-    """Parsed and checked before any process starts: a mistake costs no model loading."""
+def check_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The checks that need neither torch nor the model's code. `python -m minisgl` runs them
+    before it imports the server, so --help, --version and these mistakes answer at once."""
     parser = build_parser()
     a = parser.parse_args(argv)
     model = Path(a.model)
@@ -115,9 +126,24 @@ def parse_args(argv: list[str]) -> ServerArgs:
         parser.error(f"--port must be between 0 and 65535, got {a.port}")
     if not a.shell and (problem := _cannot_listen(a.host, a.port)):
         parser.error(problem)
+    return parser, a
+
+
+def parse_args(argv: list[str]) -> ServerArgs:
+    """Parsed and checked before any process starts: a mistake costs no model loading."""
+    parser, a = check_command_line(argv)
+    import torch  # imported only now (seconds): the checks above answer without it
+
+    from minisgl.attention import resolve_attention_backend
+    from minisgl.models import ModelConfig, check_tensor_parallel
+    from minisgl.scheduler import SchedulerConfig
+    from minisgl.utils import pick_device
+
+    model = Path(a.model)
     try:
         device = pick_device(a.device)
-        dtype = DTYPES.get(a.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        auto = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = auto if a.dtype == "auto" else getattr(torch, a.dtype)
         scheduler = SchedulerConfig(
             model_path=str(model), dtype=dtype, device=str(device),
             max_running_req=a.max_running_req, page_size=a.page_size,

@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -29,11 +30,23 @@ class KernelBuildError(RuntimeError):
     """A kernel library could not be built here: the message says why and what to do."""
 
 
+# The environment's own nvcc (CUDA 13.4), which `make setup` installs (tools/cuda_toolchains.py):
+# the compiler of last resort, for a machine without a CUDA toolkit.
+OWN_NVCC = Path(sys.prefix) / "cuda" / "13.4" / "nvidia" / "cu13" / "bin" / "nvcc"
+USUAL_NVCC = Path("/usr/local/cuda/bin/nvcc")  # where a CUDA toolkit installs by default
+
+
+def nvcc_candidates() -> list[str]:
+    """Where nvcc is looked for, in order: the toolkit of $CUDA_HOME, the nvcc on PATH, the
+    usual install (/usr/local/cuda), then the environment's own."""
+    home = os.environ.get("CUDA_HOME")
+    return [f"{home}/bin/nvcc" if home else "$CUDA_HOME/bin/nvcc ($CUDA_HOME unset)",
+            shutil.which("nvcc") or "nvcc on PATH (none)", str(USUAL_NVCC), str(OWN_NVCC)]
+
+
 def nvcc_path() -> str | None:
-    if (home := os.environ.get("CUDA_HOME")) and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+    """The nvcc a build uses: the first of nvcc_candidates() that exists."""
+    return next((path for path in nvcc_candidates() if Path(path).is_file()), None)
 
 
 def compile_command(name: str, target: str, output: Path, arch: str | None = None) -> list[str]:
@@ -45,9 +58,10 @@ def compile_command(name: str, target: str, output: Path, arch: str | None = Non
         nvcc = nvcc_path()
         if nvcc is None:
             raise KernelBuildError(
-                "our CUDA kernels are compiled at first use and nvcc was not found (set CUDA_HOME "
-                "or put the CUDA toolkit's bin/ on PATH); --disable-custom-kernels runs the "
-                "reference ops instead")
+                "our CUDA kernels are compiled at first use and nvcc was not found; looked for "
+                f"{', '.join(nvcc_candidates())} (set CUDA_HOME, put the CUDA toolkit's bin/ on "
+                "PATH, or run `make setup`); --disable-custom-kernels runs the reference ops "
+                "instead")
         kind = ["-c"] if target == "cuda-object" else ["-shared", "-Xcompiler", "-fPIC"]
         return [nvcc, "-std=c++17", "-O3", f"-arch={arch}", *kind, source, "-o", str(output)]
     if target == "emulator":
