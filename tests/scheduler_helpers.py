@@ -70,6 +70,17 @@ def tokens(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
+def admit_behind_a_cached_prefix(s: Scheduler) -> Req:
+    """Request 0 (tokens 0..9) runs its prefill step; then request 1 (tokens 0..7, 500, 501) is
+    admitted by schedule_next_batch and returned. With a page size of 4 its first 8 tokens are
+    matched in the prefix cache (chapter 9 on)."""
+    s.prefill.add(pending(0, tokens(0, 10), max_tokens=4))
+    s.step()
+    s.prefill.add(pending(1, tokens(0, 8) + [500, 501], max_tokens=4))
+    (req,) = s.prefill.schedule_next_batch().reqs
+    return req
+
+
 def random_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(n)]  # no BOS/EOS ids
 

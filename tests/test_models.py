@@ -23,22 +23,25 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
 
 # --- ModelConfig ---------------------------------------------------------------------------------
 
+def assert_fields(config: ModelConfig, **expected) -> None:
+    """Each named field of `config` has the expected value (a mismatch shows every field)."""
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
 def test_config_of_smollm2(smollm2_path):
     c = ModelConfig.from_dir(smollm2_path)
-    assert (c.architecture, c.num_layers, c.hidden_size, c.intermediate_size) == \
-        ("LlamaForCausalLM", 30, 576, 1536)
-    assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (9, 3, 64, 49152)
-    assert (c.rope_theta, c.rope_scaling, c.max_position) == (100000.0, None, 8192)
+    assert_fields(c, architecture="LlamaForCausalLM", num_layers=30, hidden_size=576,
+                  intermediate_size=1536, num_q_heads=9, num_kv_heads=3, head_dim=64,
+                  vocab_size=49152, rope_theta=100000.0, rope_scaling=None, max_position=8192)
     assert c.tie_word_embeddings is True and c.attention_bias is False
     assert c.rms_norm_eps == pytest.approx(1e-5)
 
 
 def test_config_of_tiny_qwen3(tiny_qwen3_path):
     c = ModelConfig.from_dir(tiny_qwen3_path)
-    assert (c.architecture, c.num_layers, c.hidden_size, c.intermediate_size) == \
-        ("Qwen3ForCausalLM", 4, 128, 256)
-    assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (8, 4, 32, 49152)
-    assert (c.rope_theta, c.rope_scaling, c.max_position) == (1e6, None, 4096)
+    assert_fields(c, architecture="Qwen3ForCausalLM", num_layers=4, hidden_size=128,
+                  intermediate_size=256, num_q_heads=8, num_kv_heads=4, head_dim=32,
+                  vocab_size=49152, rope_theta=1e6, rope_scaling=None, max_position=4096)
     assert c.tie_word_embeddings is False and c.rms_norm_eps == 1e-6
 
 

@@ -22,6 +22,7 @@ from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.table import TableManager
 from scheduler_helpers import (REF_TOKENS, Arrival, RandomRunChecks,
+                               admit_behind_a_cached_prefix,
                                assert_eos_frees_a_request_exactly_once, completed_runs, drive,
                                eos_case,
                                greedy, make_scheduler, pending, random_ids, record_batches,
@@ -177,10 +178,7 @@ def test_table_rows_are_allocated_and_freed_next_to_a_token_pool():
 
 def test_admission_writes_the_uncached_prompt_into_the_token_pool():
     s = small_pool(num_pages=16, page_size=4)
-    s.prefill.add(pending(0, tokens(0, 10), max_tokens=4))
-    s.step()
-    s.prefill.add(pending(1, tokens(0, 8) + [500, 501], max_tokens=4))
-    (req,) = s.prefill.schedule_next_batch().reqs
+    req = admit_behind_a_cached_prefix(s)
     assert req.cached_len == 8
     assert s.table.token_pool[req.table_idx, 8:10].tolist() == [500, 501]
 
