@@ -3,8 +3,11 @@ transformers'), and transformers' greedy generation as the reference."""
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -106,13 +109,9 @@ def hf_model() -> Callable[[str], torch.nn.Module]:
     """hf_model(name) -> transformers' float32 model for models/<name>, loaded once a session."""
     from transformers import AutoModelForCausalLM
 
-    cache: dict[str, torch.nn.Module] = {}
-
+    @functools.cache
     def get(name: str) -> torch.nn.Module:
-        if name not in cache:
-            model = AutoModelForCausalLM.from_pretrained(MODELS_DIR / name, dtype=torch.float32)
-            cache[name] = model.eval()
-        return cache[name]
+        return AutoModelForCausalLM.from_pretrained(MODELS_DIR / name, dtype=torch.float32).eval()
 
     return get
 
@@ -122,26 +121,21 @@ def our_model():
     """our_model(name) -> minisgl's model for models/<name> (float32, CPU), loaded once."""
     from minisgl.models import load_model
 
-    cache: dict = {}
-
+    @functools.cache
     def get(name: str):
-        if name not in cache:
-            cache[name] = load_model(MODELS_DIR / name, dtype=torch.float32, device="cpu")
-        return cache[name]
+        return load_model(MODELS_DIR / name, dtype=torch.float32, device="cpu")
 
     return get
 
 
 @pytest.fixture(scope="session")
 def hf_tokenizer():
+    """hf_tokenizer(name) -> transformers' tokenizer for models/<name>, loaded once a session."""
     from transformers import AutoTokenizer
 
-    cache: dict = {}
-
+    @functools.cache
     def get(name: str):
-        if name not in cache:
-            cache[name] = AutoTokenizer.from_pretrained(MODELS_DIR / name)
-        return cache[name]
+        return AutoTokenizer.from_pretrained(MODELS_DIR / name)
 
     return get
 
@@ -175,3 +169,69 @@ def hf_greedy() -> Callable[[torch.nn.Module, list[int], int], list[int]]:
     """hf_greedy(hf, prompt_ids, n) -> the n tokens transformers' greedy generate appends,
     for this prompt alone (no padding, EOS not allowed to stop it early)."""
     return _hf_greedy
+
+
+@pytest.fixture
+def model_copy(tmp_path) -> Callable[..., Path]:
+    """model_copy(name, change=None) -> a copy of models/<name> in tmp_path (config.json and
+    model.safetensors) whose tensors `change(state)` has rewritten, when given."""
+    from safetensors.torch import load_file, save_file
+
+    def copy(name: str, change: Callable[[dict[str, torch.Tensor]], object] | None = None) -> Path:
+        src, dst = MODELS_DIR / name, tmp_path / name
+        dst.mkdir(exist_ok=True)
+        shutil.copy(src / "config.json", dst / "config.json")
+        if change is None:
+            shutil.copy(src / "model.safetensors", dst / "model.safetensors")
+        else:
+            state = load_file(src / "model.safetensors")
+            change(state)
+            save_file(state, dst / "model.safetensors")
+        return dst
+
+    return copy
+
+
+EXAMPLE_PROMPT = "The capital of France is"  # the prompt of the chapters' examples
+
+
+@pytest.fixture(scope="session")
+def hf_example_text(hf_model, hf_tokenizer) -> Callable[[str, int], str]:
+    """hf_example_text(name, n) -> the text of the n tokens transformers' greedy generate
+    appends to EXAMPLE_PROMPT with models/<name> (as hf_greedy): what an example prints."""
+
+    def text(name: str, n: int) -> str:
+        tokenizer = hf_tokenizer(name)
+        return tokenizer.decode(_hf_greedy(hf_model(name), tokenizer(EXAMPLE_PROMPT).input_ids, n))
+
+    return text
+
+
+def load_error(path: Path, error: type[Exception] = ValueError) -> str:
+    """The message of the `error` that load_model(path) raises (chapter 3 on)."""
+    from minisgl.models import load_model
+
+    with pytest.raises(error) as info:
+        load_model(path)
+    return str(info.value)
+
+
+@contextmanager
+def as_tp_rank(rank: int, size: int) -> Iterator[None]:
+    """This process is rank `rank` of `size` tensor-parallel ranks inside the block, alone again
+    after it (chapter 16 on): what sharded loading and layers read, without a process group."""
+    from minisgl.distributed import TPInfo, set_tp_info
+
+    set_tp_info(TPInfo(rank, size))
+    try:
+        yield
+    finally:
+        set_tp_info(TPInfo())
+
+
+def load_as(path: Path, rank: int, size: int):
+    """The model at `path` as rank `rank` of `size` loads it: its own shards (chapter 16 on)."""
+    from minisgl.models import load_model
+
+    with as_tp_rank(rank, size):
+        return load_model(path)

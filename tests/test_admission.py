@@ -17,11 +17,9 @@ from conftest import SMOLLM2, TINY_QWEN3
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler.cache import pages_for
 from minisgl.scheduler.decode import DecodeManager, pages_to_finish
-from scheduler_helpers import (NO_PREFIX_SHARING, Arrival, assert_equals_each_request_run_alone,
-                               assert_every_page_and_row_free,
-                               assert_finishes_every_request_once_with_max_tokens, completed_runs,
-                               drive, pending, random_ids, record_adders, record_batches,
-                               reference, run_seed, small_pool, tokens)
+from scheduler_helpers import (NO_PREFIX_SHARING, Arrival, RandomRunChecks, completed_runs, drive,
+                               pending, random_ids, record_adders, record_batches, reference,
+                               small_pool, tokens)
 
 CHAPTER = 8  # tools/steps.py check runs this module on chapter 8's own tree
 
@@ -157,18 +155,8 @@ SEEDS = [0, 1, 6, 7]  # page sizes 1, 2, 4, 16; tiny-qwen3 twice, tiny-llama twi
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_run_finishes_every_request_once_with_max_tokens(seed):
-    assert_finishes_every_request_once_with_max_tokens(run_seed(seed, CHAPTER))
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_random_run_equals_each_request_run_alone(seed):
-    assert_equals_each_request_run_alone(run_seed(seed, CHAPTER))
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_random_run_leaks_no_page_and_no_row(seed):
-    assert_every_page_and_row_free(run_seed(seed, CHAPTER))
+class TestRandomRun(RandomRunChecks):
+    chapter = CHAPTER
 
 
 def test_random_workloads_make_requests_wait_for_pages():
@@ -176,7 +164,6 @@ def test_random_workloads_make_requests_wait_for_pages():
     is what held it back. That nothing admitted ran out of pages is the runs themselves (the
     cache manager raises when it cannot give a request its slots)."""
     done = completed_runs(SEEDS, CHAPTER)
-    assert len(done) >= len(SEEDS) // 2
     assert [seed for seed, run in done.items() if run.stats["waited_for_pages"] > 0]
 
 

@@ -22,9 +22,14 @@ PAGE_SIZES = [1, 4, 16]
 GROUPS = [1, 2, 4]  # query heads per KV head: MHA, and GQA 2x / 4x
 
 
-@pytest.mark.parametrize("q_per_kv", GROUPS)
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("seed", SEEDS)
+def every_shape(test):
+    """Parametrize `test` over every seed, page size and number of query heads per KV head."""
+    for name, values in [("seed", SEEDS), ("page_size", PAGE_SIZES), ("q_per_kv", GROUPS)]:
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
+@every_shape
 def test_ragged_prefill_matches_dense_causal_attention(seed, page_size, q_per_kv):
     setup = Setup(seed, page_size, q_per_kv)
     spans = [(s, 0, s.length) for s in setup.seqs]
@@ -32,9 +37,7 @@ def test_ragged_prefill_matches_dense_causal_attention(seed, page_size, q_per_kv
     torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("q_per_kv", GROUPS)
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("seed", SEEDS)
+@every_shape
 def test_prefill_over_cached_prefix_matches_dense_causal_attention(seed, page_size, q_per_kv):
     setup = Setup(seed, page_size, q_per_kv, min_len=2)
     # Each request has a cached prefix of random length; some may have none (cached_len 0).
@@ -46,9 +49,7 @@ def test_prefill_over_cached_prefix_matches_dense_causal_attention(seed, page_si
     torch.testing.assert_close(out, dense_causal_reference(spans), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("q_per_kv", GROUPS)
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("seed", SEEDS)
+@every_shape
 def test_decode_matches_dense_causal_attention(seed, page_size, q_per_kv):
     setup = Setup(seed, page_size, q_per_kv, min_len=2)
     setup.forward([(s, 0, s.length - 1) for s in setup.seqs])

@@ -762,10 +762,7 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")
-def test_example_runs_the_emulated_kernels(hf_model, hf_tokenizer, hf_greedy):
+def test_example_runs_the_emulated_kernels(hf_example_text):
     out = run_example("ch19_cuda_kernels.py")
     assert re.search(r"^我们的 kernel 与参考算子输出相同： True$", out, re.M)
-    tokenizer = hf_tokenizer(TINY_QWEN3)
-    expected = tokenizer.decode(hf_greedy(hf_model(TINY_QWEN3),
-                                          tokenizer("The capital of France is").input_ids, 8))
-    assert f"custom_kernels=emulate → {expected!r}" in out
+    assert f"custom_kernels=emulate → {hf_example_text(TINY_QWEN3, 8)!r}" in out

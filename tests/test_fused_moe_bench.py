@@ -15,22 +15,17 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the CPU path; on a GPU the bench itself is the check")
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    with fused_moe_kernels(interpret=True) as module:
-        yield module
-
-
-def test_profile_counts_each_operator_per_call(kernels):
+def test_profile_counts_each_operator_per_call():
     """align_by_expert sorts once and searches the block starts once per call: the table divides
     by the number of calls, and lists the busiest first."""
-    bench = load_script("moe_bench")
     gen = torch.Generator().manual_seed(0)
     x, logits = torch.randn(5, 64, generator=gen), torch.randn(5, 8, generator=gen)
     w13, w2 = torch.randn(8, 64, 64, generator=gen), torch.randn(8, 64, 32, generator=gen)
     weights, ids = torch.softmax(logits, -1).topk(2)
-    rows = bench.kernel_table(lambda: kernels.fused_moe(x, w13, w2, weights, ids), iters=3,
-                              device=torch.device("cpu"))
+    with fused_moe_kernels(interpret=True) as kernels:
+        bench = load_script("moe_bench")
+        rows = bench.kernel_table(lambda: kernels.fused_moe(x, w13, w2, weights, ids), iters=3,
+                                  device=torch.device("cpu"))
     launches = {name: n for name, n, _ in rows}
     assert launches["aten::searchsorted"] == 1 and launches["aten::argsort"] == 1
     times = [us for _, _, us in rows]

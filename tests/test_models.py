@@ -5,14 +5,13 @@ against transformers need chapter 5's attention backend: tests/test_attention.py
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import MODELS_DIR, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3
+from conftest import (MODELS_DIR, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3,
+                      load_error)
 from minisgl.models import MODELS, CausalLM, ModelConfig, create_model, load_model, read_checkpoint
 from minisgl.utils import Registry
 
@@ -24,22 +23,25 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
 
 # --- ModelConfig ---------------------------------------------------------------------------------
 
+def assert_fields(config: ModelConfig, **expected) -> None:
+    """Each named field of `config` has the expected value (a mismatch shows every field)."""
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
 def test_config_of_smollm2(smollm2_path):
     c = ModelConfig.from_dir(smollm2_path)
-    assert (c.architecture, c.num_layers, c.hidden_size, c.intermediate_size) == \
-        ("LlamaForCausalLM", 30, 576, 1536)
-    assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (9, 3, 64, 49152)
-    assert (c.rope_theta, c.rope_scaling, c.max_position) == (100000.0, None, 8192)
+    assert_fields(c, architecture="LlamaForCausalLM", num_layers=30, hidden_size=576,
+                  intermediate_size=1536, num_q_heads=9, num_kv_heads=3, head_dim=64,
+                  vocab_size=49152, rope_theta=100000.0, rope_scaling=None, max_position=8192)
     assert c.tie_word_embeddings is True and c.attention_bias is False
     assert c.rms_norm_eps == pytest.approx(1e-5)
 
 
 def test_config_of_tiny_qwen3(tiny_qwen3_path):
     c = ModelConfig.from_dir(tiny_qwen3_path)
-    assert (c.architecture, c.num_layers, c.hidden_size, c.intermediate_size) == \
-        ("Qwen3ForCausalLM", 4, 128, 256)
-    assert (c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (8, 4, 32, 49152)
-    assert (c.rope_theta, c.rope_scaling, c.max_position) == (1e6, None, 4096)
+    assert_fields(c, architecture="Qwen3ForCausalLM", num_layers=4, hidden_size=128,
+                  intermediate_size=256, num_q_heads=8, num_kv_heads=4, head_dim=32,
+                  vocab_size=49152, rope_theta=1e6, rope_scaling=None, max_position=4096)
     assert c.tie_word_embeddings is False and c.rms_norm_eps == 1e-6
 
 
@@ -191,67 +193,43 @@ def test_tied_model_has_no_lm_head_weight(our_model):
 
 # --- weight loading errors on an edited copy of tiny-llama --------------------------------------
 
-@pytest.fixture
-def tiny_copy(tmp_path, tiny_llama_path):
-    """A copy of tiny-llama in tmp_path, and a function that rewrites its weights."""
-    dst = tmp_path / "tiny-llama"
-    dst.mkdir()
-    shutil.copy(tiny_llama_path / "config.json", dst / "config.json")
-    shutil.copy(tiny_llama_path / "model.safetensors", dst / "model.safetensors")
-
-    def edit(change) -> Path:
-        state = load_file(dst / "model.safetensors")
-        change(state)
-        save_file(state, dst / "model.safetensors")
-        return dst
-
-    return dst, edit
-
-
-def test_missing_fused_part_is_named(tiny_copy):
-    _, edit = tiny_copy
-    path = edit(lambda s: s.pop("model.layers.1.self_attn.k_proj.weight"))
+def test_missing_fused_part_is_named(model_copy):
+    path = model_copy(TINY_LLAMA, lambda s: s.pop("model.layers.1.self_attn.k_proj.weight"))
     with pytest.raises(KeyError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
         load_model(path)
 
 
-def test_missing_plain_tensor_is_named(tiny_copy):
-    _, edit = tiny_copy
-    path = edit(lambda s: s.pop("model.layers.2.mlp.down_proj.weight"))
+def test_missing_plain_tensor_is_named(model_copy):
+    path = model_copy(TINY_LLAMA, lambda s: s.pop("model.layers.2.mlp.down_proj.weight"))
     with pytest.raises(KeyError, match=r"model\.layers\.2\.mlp\.down_proj\.weight"):
         load_model(path)
 
 
-def test_unexpected_tensor_is_named(tiny_copy):
-    _, edit = tiny_copy
-    path = edit(lambda s: s.update({"model.layers.0.mlp.extra_proj.weight": torch.zeros(2, 2)}))
+def test_unexpected_tensor_is_named(model_copy):
+    path = model_copy(TINY_LLAMA, lambda s: s.update(
+        {"model.layers.0.mlp.extra_proj.weight": torch.zeros(2, 2)}))
     with pytest.raises(KeyError, match=r"model\.layers\.0\.mlp\.extra_proj\.weight"):
         load_model(path)
 
 
-def test_shape_mismatch_names_tensor_and_both_shapes(tiny_copy):
-    _, edit = tiny_copy
-    path = edit(lambda s: s.update({"model.layers.0.self_attn.o_proj.weight": torch.zeros(128, 128)}))
-    with pytest.raises(ValueError) as info:
-        load_model(path)
-    message = str(info.value)
+def test_shape_mismatch_names_tensor_and_both_shapes(model_copy):
+    path = model_copy(TINY_LLAMA, lambda s: s.update(
+        {"model.layers.0.self_attn.o_proj.weight": torch.zeros(128, 128)}))
+    message = load_error(path)
     assert "model.layers.0.self_attn.o_proj.weight" in message
     assert "(128, 128)" in message and "(128, 256)" in message
 
 
-def test_shape_mismatch_in_a_fused_part_names_that_part(tiny_copy):
+def test_shape_mismatch_in_a_fused_part_names_that_part(model_copy):
     # k_proj with the wrong input size: q/k/v can no longer be concatenated. The error should
     # still say which checkpoint tensor is wrong, like every other loading error does.
-    _, edit = tiny_copy
-    path = edit(lambda s: s.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 64)}))
-    with pytest.raises(ValueError) as info:
-        load_model(path)
-    assert "model.layers.0.self_attn.k_proj.weight" in str(info.value)
+    path = model_copy(TINY_LLAMA, lambda s: s.update(
+        {"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 64)}))
+    assert "model.layers.0.self_attn.k_proj.weight" in load_error(path)
 
 
-def test_derived_rotary_inv_freq_is_ignored(tiny_copy, our_model):
-    _, edit = tiny_copy
-    path = edit(lambda s: s.update({
+def test_derived_rotary_inv_freq_is_ignored(model_copy, our_model):
+    path = model_copy(TINY_LLAMA, lambda s: s.update({
         f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(16) for i in range(4)}))
     config = ModelConfig.from_dir(path)
     state = read_checkpoint(path, config, torch.float32, torch.device("cpu"))
@@ -261,14 +239,12 @@ def test_derived_rotary_inv_freq_is_ignored(tiny_copy, our_model):
     assert all(torch.equal(t, reference.state_dict()[n]) for n, t in model.state_dict().items())
 
 
-def test_unknown_architecture_lists_the_known_ones(tiny_copy):
-    path, _ = tiny_copy
+def test_unknown_architecture_lists_the_known_ones(model_copy):
+    path = model_copy(TINY_LLAMA)
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["MambaForCausalLM"]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError) as info:
-        load_model(path)
-    message = str(info.value)
+    message = load_error(path)
     assert "'MambaForCausalLM'" in message
     assert "LlamaForCausalLM" in message and "Qwen3ForCausalLM" in message
 
@@ -281,17 +257,15 @@ def test_missing_model_directory_is_named(tmp_path):
 
 def test_directory_without_config_json_is_named(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(FileNotFoundError) as info:
-        load_model(tmp_path)
-    assert str(tmp_path) in str(info.value) and "config.json" in str(info.value)
+    message = load_error(tmp_path, FileNotFoundError)
+    assert str(tmp_path) in message and "config.json" in message
 
 
-def test_directory_without_safetensors_is_named(tiny_copy):
-    path, _ = tiny_copy
+def test_directory_without_safetensors_is_named(model_copy):
+    path = model_copy(TINY_LLAMA)
     (path / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError) as info:
-        load_model(path)
-    assert str(path) in str(info.value) and "safetensors" in str(info.value)
+    message = load_error(path, FileNotFoundError)
+    assert str(path) in message and "safetensors" in message
 
 
 # The name registry arrives with the model registry (utils/registry.py, chapter 3).

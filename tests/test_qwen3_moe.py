@@ -13,16 +13,14 @@
 from __future__ import annotations
 
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import MODELS_DIR, TINY_QWEN3, TINY_QWEN3_MOE, greedy_by_tp
+from conftest import (MODELS_DIR, TINY_QWEN3, TINY_QWEN3_MOE, as_tp_rank, greedy_by_tp, load_as,
+                      load_error)
 from minisgl.core import Context, SamplingParams, set_global_ctx
-from minisgl.distributed import TPInfo, set_tp_info
 from minisgl.layers import MoE
 from minisgl.models import ModelConfig, create_model, load_model
 from minisgl.moe import TorchMoEBackend
@@ -146,14 +144,6 @@ def test_dense_or_sparse_layers_follow_transformers(layers, step, mlp_only, expe
 
 # --- sharded loading ----------------------------------------------------------------------------
 
-def load_as(path: Path, rank: int, size: int):
-    set_tp_info(TPInfo(rank, size))
-    try:
-        return load_model(path)
-    finally:
-        set_tp_info(TPInfo())
-
-
 def test_each_rank_holds_its_slice_of_every_expert_and_the_whole_router():
     path = MODELS_DIR / TINY_QWEN3_MOE
     checkpoint = load_file(path / "model.safetensors")
@@ -173,51 +163,31 @@ def test_each_rank_holds_its_slice_of_every_expert_and_the_whole_router():
 
 def test_moe_intermediate_size_that_does_not_divide_is_refused():
     config = ModelConfig.from_hf(moe_hf_config(moe_intermediate_size=30))  # heads divide by 4
-    set_tp_info(TPInfo(0, 4))
-    try:
+    with as_tp_rank(0, 4):
         with pytest.raises(ValueError, match=r"moe_intermediate_size \(30\).*TP size 4"):
             with torch.device("meta"):
                 create_model(config)
-    finally:
-        set_tp_info(TPInfo())
 
 
 # --- loading errors on an edited copy of tiny-qwen3-moe ----------------------------------------
 
-@pytest.fixture
-def moe_copy(tmp_path):
-    """edit(change) -> a copy of tiny-qwen3-moe whose tensors `change` has rewritten."""
-    src, dst = MODELS_DIR / TINY_QWEN3_MOE, tmp_path / TINY_QWEN3_MOE
-    dst.mkdir()
-    shutil.copy(src / "config.json", dst / "config.json")
-
-    def edit(change) -> Path:
-        state = load_file(src / "model.safetensors")
-        change(state)
-        save_file(state, dst / "model.safetensors")
-        return dst
-
-    return edit
-
-
-def test_missing_expert_is_named(moe_copy):
-    path = moe_copy(lambda s: s.pop("model.layers.2.mlp.experts.5.up_proj.weight"))
+def test_missing_expert_is_named(model_copy):
+    path = model_copy(TINY_QWEN3_MOE,
+                      lambda s: s.pop("model.layers.2.mlp.experts.5.up_proj.weight"))
     with pytest.raises(KeyError, match=r"model\.layers\.2\.mlp\.experts\.5\.up_proj\.weight"):
         load_model(path)
 
 
-def test_expert_shape_mismatch_names_tensor_and_both_shapes(moe_copy):
-    path = moe_copy(lambda s: s.update(
+def test_expert_shape_mismatch_names_tensor_and_both_shapes(model_copy):
+    path = model_copy(TINY_QWEN3_MOE, lambda s: s.update(
         {"model.layers.3.mlp.experts.6.down_proj.weight": torch.zeros(H, 16)}))
-    with pytest.raises(ValueError) as info:
-        load_model(path)
-    message = str(info.value)
+    message = load_error(path)
     assert "model.layers.3.mlp.experts.6.down_proj.weight" in message
     assert "(128, 16)" in message and "(128, 32)" in message
 
 
-def test_expert_beyond_num_experts_is_named(moe_copy):
-    path = moe_copy(lambda s: s.update(
+def test_expert_beyond_num_experts_is_named(model_copy):
+    path = model_copy(TINY_QWEN3_MOE, lambda s: s.update(
         {"model.layers.0.mlp.experts.8.gate_proj.weight": torch.zeros(I, H)}))
     with pytest.raises(KeyError, match=r"experts\.8\.gate_proj\.weight.*num_experts=8"):
         load_model(path)
@@ -249,10 +219,7 @@ def test_qwen2_moe_config_is_refused_for_its_shared_expert():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")
-def test_example_gives_transformers_text_with_both_backends(hf_model, hf_tokenizer, hf_greedy):
+def test_example_gives_transformers_text_with_both_backends(hf_example_text):
     out = run_example("ch20_moe.py")
     assert re.search(r"^两种后端输出相同： True$", out, re.M)
-    tokenizer = hf_tokenizer(TINY_QWEN3_MOE)
-    expected = tokenizer.decode(hf_greedy(hf_model(TINY_QWEN3_MOE),
-                                          tokenizer("The capital of France is").input_ids, 8))
-    assert f"--moe triton → {expected!r}" in out
+    assert f"--moe triton → {hf_example_text(TINY_QWEN3_MOE, 8)!r}" in out

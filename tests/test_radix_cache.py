@@ -3,6 +3,9 @@ alignment, locking, LRU eviction, the integrity check), NaivePrefixCache, and th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -20,6 +23,21 @@ def slots(start: int, n: int) -> torch.Tensor:
 
 def insert(cache: RadixCache, ids: list[int], start: int) -> tuple[int, CacheHandle]:
     return cache.insert_prefix(ids, slots(start, len(ids)))
+
+
+def assert_sizes(cache: RadixCache, evictable: int, protected: int) -> None:
+    """The cache holds `evictable` unlocked and `protected` locked tokens, and its integrity
+    check passes."""
+    assert (cache.evictable_size, cache.protected_size) == (evictable, protected)
+    cache.check_integrity()
+
+
+@contextmanager
+def locked(cache: RadixCache, handle: CacheHandle) -> Iterator[None]:
+    """cache.lock(handle) for the block, cache.unlock(handle) after it."""
+    cache.lock(handle)
+    yield
+    cache.unlock(handle)
 
 
 def leaves(cache: RadixCache) -> list[list[int]]:
@@ -144,24 +162,19 @@ def test_lock_moves_the_whole_path_from_evictable_to_protected(page_size):
     insert(cache, list(range(8)), start=0)
     _, handle = insert(cache, list(range(8)) + [50, 51, 52, 53], start=100)  # path of 2 nodes
     insert(cache, [70, 71, 72, 73], start=200)  # another branch, not on the path
-    cache.lock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (4, 12)
-    cache.check_integrity()
-    cache.unlock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (16, 0)
-    cache.check_integrity()
+    with locked(cache, handle):
+        assert_sizes(cache, 4, 12)
+    assert_sizes(cache, 16, 0)
 
 
 def test_two_locks_need_two_unlocks(page_size):
     cache = RadixCache(page_size)
     _, handle = insert(cache, list(range(8)), start=0)
-    cache.lock(handle)
-    cache.lock(handle)
-    cache.check_integrity()  # a child of the root may be locked more often than the root
-    cache.unlock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (0, 8)
-    cache.unlock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (8, 0)
+    with locked(cache, handle):
+        with locked(cache, handle):
+            cache.check_integrity()  # a child of the root may be locked more often than the root
+        assert_sizes(cache, 0, 8)
+    assert_sizes(cache, 8, 0)
 
 
 def test_locking_a_child_protects_the_shared_parent_only_once(page_size):
@@ -170,31 +183,25 @@ def test_locking_a_child_protects_the_shared_parent_only_once(page_size):
     _, b = insert(cache, list(range(8)) + [60, 61, 62, 63], start=100)
     cache.lock(a)
     cache.lock(b)
-    assert (cache.evictable_size, cache.protected_size) == (0, 16)
+    assert_sizes(cache, 0, 16)
     cache.unlock(a)
-    assert (cache.evictable_size, cache.protected_size) == (4, 12)
-    cache.check_integrity()
+    assert_sizes(cache, 4, 12)
 
 
 def test_a_locked_handle_stays_valid_after_its_edge_is_split(page_size):
     cache = RadixCache(page_size)
     _, handle = insert(cache, list(range(12)), start=0)
-    cache.lock(handle)
-    cache.match_prefix(list(range(4)) + [99] * 8)  # splits the locked edge after one page
-    assert (cache.evictable_size, cache.protected_size) == (0, 12)
-    cache.check_integrity()
-    cache.unlock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (12, 0)
-    cache.check_integrity()
+    with locked(cache, handle):
+        cache.match_prefix(list(range(4)) + [99] * 8)  # splits the locked edge after one page
+        assert_sizes(cache, 0, 12)
+    assert_sizes(cache, 12, 0)
 
 
 def test_an_empty_handle_locks_nothing(page_size):
     cache = RadixCache(page_size)
     insert(cache, list(range(8)), start=0)
-    handle = cache.match_prefix([99] * 8)
-    cache.lock(handle)
-    assert (cache.evictable_size, cache.protected_size) == (8, 0)
-    cache.unlock(handle)
+    with locked(cache, cache.match_prefix([99] * 8)):
+        assert_sizes(cache, 8, 0)
     cache.check_integrity()
 
 
@@ -235,8 +242,7 @@ def test_evict_never_takes_a_locked_node(page_size):
     freed = cache.evict(4)
     assert freed.tolist() == [4, 5, 6, 7]
     assert cache.match_prefix([10, 11, 12, 13]).cached_len == 4
-    assert (cache.evictable_size, cache.protected_size) == (0, 4)
-    cache.check_integrity()
+    assert_sizes(cache, 0, 4)
 
 
 def test_evicting_a_leaf_makes_its_parent_evictable(page_size):
@@ -298,15 +304,14 @@ def test_a_locked_parent_left_a_leaf_by_eviction_is_not_evicted(page_size):
     insert(cache, list(range(8)) + [50, 51, 52, 53], start=100)  # its unlocked child
     insert(cache, [70, 71, 72, 73], start=200)  # the most recent leaf
     cache.lock(held)
-    assert (cache.evictable_size, cache.protected_size) == (8, 8)
+    assert_sizes(cache, 8, 8)
     # The child goes first and leaves [0..8) a leaf older than [70..73], but a locked one.
     assert cache.evict(8).tolist() == [108, 109, 110, 111, 200, 201, 202, 203]
-    assert (cache.evictable_size, cache.protected_size) == (0, 8)
-    cache.check_integrity()
+    assert_sizes(cache, 0, 8)
     assert cache.match_prefix(list(range(8))).slots.tolist() == list(range(8))
     with pytest.raises(RuntimeError, match="cannot evict 4 tokens: only 0"):
         cache.evict(4)
-    assert (cache.evictable_size, cache.protected_size) == (0, 8)
+    assert_sizes(cache, 0, 8)
 
 
 def test_evict_raises_when_asked_more_than_evictable(page_size):
@@ -316,7 +321,7 @@ def test_evict_raises_when_asked_more_than_evictable(page_size):
     cache.lock(locked)
     with pytest.raises(RuntimeError, match="5"):
         cache.evict(5)
-    assert (cache.evictable_size, cache.protected_size) == (4, 4)  # nothing was taken
+    assert_sizes(cache, 4, 4)  # nothing was taken
 
 
 def test_evict_zero_frees_nothing(page_size):

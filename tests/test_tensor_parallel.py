@@ -34,10 +34,9 @@ from safetensors.torch import save_file
 
 import minisgl.utils.device as device_module
 from conftest import (MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_QWEN2, TINY_QWEN3,
-                      greedy_by_tp, reference_cpu_threads)
+                      as_tp_rank, greedy_by_tp, load_as, reference_cpu_threads)
 from minisgl.core import SamplingParams
-from minisgl.distributed import (TPInfo, destroy_distributed, get_comm, get_tp_info,
-                                 init_distributed, set_tp_info)
+from minisgl.distributed import TPInfo, destroy_distributed, get_comm, get_tp_info, init_distributed
 from minisgl.layers import Embedding, LMHead, vocab_shard
 from minisgl.utils import configure_cpu_threads
 from minisgl.utils.process import rendezvous_address
@@ -136,17 +135,7 @@ def test_seeded_sampling_equals_tp1(request, fixture, tp):
 
 
 # ----------------------------------------------------------------------------------------------
-# Sharded loading in this process: pretend to be rank r of N while loading.
-
-
-def load_as(path: Path, rank: int, size: int):
-    from minisgl.models import load_model
-
-    set_tp_info(TPInfo(rank, size))
-    try:
-        return load_model(path)
-    finally:
-        set_tp_info(TPInfo())
+# Sharded loading in this process: pretend to be rank r of N while loading (conftest.as_tp_rank).
 
 
 def param_bytes(model) -> int:
@@ -290,15 +279,12 @@ class RecordingFile:
 def test_a_rank_reads_only_replicated_tensors_whole():
     from minisgl.models.weight import read_shard
 
-    set_tp_info(TPInfo(1, 2))
-    try:
+    with as_tp_rank(1, 2):
         with safe_open(MODELS_DIR / TINY_QWEN3 / "model.safetensors", framework="pt") as f:
             recording = RecordingFile(f)
             names = list(f.keys())
             for name in names:
                 read_shard(recording, name)
-    finally:
-        set_tp_info(TPInfo())
     assert recording.whole and all(name.endswith("norm.weight") for name in recording.whole)
     assert len(recording.whole) == sum(name.endswith("norm.weight") for name in names)
 
@@ -324,22 +310,16 @@ def read_as_ranks(path: Path, name: str, size: int) -> list[torch.Tensor]:
     parts = []
     with safe_open(path, framework="pt") as f:
         for rank in range(size):
-            set_tp_info(TPInfo(rank, size))
-            try:
+            with as_tp_rank(rank, size):
                 parts.append(read_shard(f, name))
-            finally:
-                set_tp_info(TPInfo())
     return parts
 
 
 def test_vocab_shard_rounds_up_and_the_last_rank_is_padded():
     starts = []
     for rank in range(3):
-        set_tp_info(TPInfo(rank, 3))
-        try:
+        with as_tp_rank(rank, 3):
             starts.append(vocab_shard(10))
-        finally:
-            set_tp_info(TPInfo())
     assert starts == [(0, 4), (4, 4), (8, 4)]
 
 

@@ -9,6 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import pytest
@@ -511,6 +514,19 @@ def test_run_tokenizer_serves_in_its_own_process_and_exits_on_exit_msg(smollm2_p
 # --------------------------------------------------------------------------- utils.process
 
 
+@contextmanager
+def one_child(target: Callable[..., None], name: str,
+              stop_timeout: float = 5.0) -> Iterator[tuple[BaseProcess, ReadyQueue]]:
+    """A child started with start_process(target, name, status) on a ReadyQueue of its own;
+    stopped with stop_processes(timeout=stop_timeout) when the block ends."""
+    status = ReadyQueue()
+    process = start_process(target, name, status)
+    try:
+        yield process, status
+    finally:
+        stop_processes([process], timeout=stop_timeout)
+
+
 def test_wait_ready_returns_each_childs_info_by_name():
     status = ReadyQueue()
     processes = [start_process(process_targets.ready_then_sleep, f"child-{i}", status)
@@ -524,59 +540,40 @@ def test_wait_ready_returns_each_childs_info_by_name():
 
 
 def test_wait_ready_names_a_child_that_raises_while_starting():
-    status = ReadyQueue()
-    process = start_process(process_targets.raise_while_starting, "loader", status)
-    try:
+    with one_child(process_targets.raise_while_starting, "loader") as (process, status):
         with pytest.raises(RuntimeError, match="loader failed while starting") as info:
             wait_ready([process], status, expected=1, timeout=60)
         assert "FileNotFoundError: no checkpoint at /nowhere/model" in str(info.value)
-    finally:
-        stop_processes([process])
 
 
 def test_wait_ready_names_a_child_that_exits_without_reporting():
-    status = ReadyQueue()
-    process = start_process(process_targets.exit_without_reporting, "silent", status)
-    try:
+    with one_child(process_targets.exit_without_reporting, "silent") as (process, status):
         with pytest.raises(RuntimeError, match="silent exited with code 3 before it was ready"):
             wait_ready([process], status, expected=1, timeout=60)
-    finally:
-        stop_processes([process])
 
 
 def test_children_ignore_ctrl_c():
-    status = ReadyQueue()
-    process = start_process(process_targets.ready_then_sleep, "worker", status)
-    try:
+    with one_child(process_targets.ready_then_sleep, "worker") as (process, status):
         wait_ready([process], status, expected=1, timeout=60)
         os.kill(process.pid, signal.SIGINT)
         process.join(timeout=1.0)
         assert process.exitcode is None  # still serving: the launcher decides when to stop it
-    finally:
-        stop_processes([process])
 
 
 def test_stop_processes_kills_a_child_that_ignores_sigterm():
-    status = ReadyQueue()
-    process = start_process(process_targets.ignore_sigterm, "stubborn", status)
-    try:
+    stubborn = one_child(process_targets.ignore_sigterm, "stubborn", stop_timeout=0.0)
+    with stubborn as (process, status):
         wait_ready([process], status, expected=1, timeout=60)
         start = time.monotonic()
         stop_processes([process], timeout=1.0)
         assert process.exitcode == -signal.SIGKILL  # SIGTERM was ignored; SIGKILL cannot be
         assert 1.0 <= time.monotonic() - start < 10.0
-    finally:
-        stop_processes([process], timeout=0.0)
 
 
 def test_a_child_starts_from_the_preloaded_forkserver_in_little_cpu():
     # A spawned child would import torch itself: over a second of CPU on this kind of machine.
-    status = ReadyQueue()
-    process = start_process(process_targets.report_start_up, "light", status)
-    try:
+    with one_child(process_targets.report_start_up, "light") as (process, status):
         info = wait_ready([process], status, expected=1, timeout=60)["light"]
-    finally:
-        stop_processes([process])
     assert info["cpu"] < 0.5, info
 
 
