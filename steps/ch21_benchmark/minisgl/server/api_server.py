@@ -179,24 +179,21 @@ async def _api_error(_: Request, e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def _invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
+async def _invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
     errors = e.errors()
     if any(err["type"] == "json_invalid" for err in errors):
-        error = APIError("the request body is not valid JSON")
-    else:
-        where = [".".join(str(x) for x in err["loc"][1:]) for err in errors]
-        problems = "; ".join(f"{w or 'body'}: {err['msg']}" for w, err in zip(where, errors))
-        error = APIError(f"invalid request: {problems}", param=where[0] or None)
-    return JSONResponse(error.body(), status_code=400)
+        return await _api_error(request, APIError("the request body is not valid JSON"))
+    where = [".".join(str(x) for x in err["loc"][1:]) for err in errors]
+    problems = "; ".join(f"{w or 'body'}: {err['msg']}" for w, err in zip(where, errors))
+    return await _api_error(request, APIError(f"invalid request: {problems}",
+                                              param=where[0] or None))
 
 
-async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
-    error = APIError(str(e.detail), status=e.status_code,
-                     kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
-    return JSONResponse(error.body(), status_code=e.status_code)
+async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+    return await _api_error(request, APIError(str(e.detail), status=e.status_code, kind=kind))
 
 
-# Every error leaves in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid_body,
                   HTTPException: _http_error}
 
