@@ -1037,10 +1037,6 @@ def print_cache_comparison(runs: list[dict], rates: list[float]) -> None:
               f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args, gpu = parse_args(argv)
     from transformers import AutoTokenizer
@@ -1050,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
     header = print_workload(args, argv, tokenizer, words)
     model_name = Path(args.model).name
     # SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through the `finally` below.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.url:
             model_name = served_model(args.url)
