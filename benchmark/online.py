@@ -781,6 +781,31 @@ def server_argv(args: argparse.Namespace, cache_type: str, port: int) -> list[st
     return argv + shlex.split(args.server_args)
 
 
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """The server this script starts (or, with --url, the one it measures)."""
+    g = p.add_argument_group("server")
+    g.add_argument("--url", default=None,
+                   help="benchmark a server that is already running (e.g. http://127.0.0.1:1919) "
+                        "instead of starting one; the server options below are then ignored")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=0, help="default: any free port")
+    g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: the server's)")
+    g.add_argument("--dtype", default=None, help="default: the server's (float32 on the CPU)")
+    g.add_argument("--cache-type", default="radix", help="the server's prefix cache")
+    g.add_argument("--compare-cache", action="store_true",
+                   help="run the server twice, --cache-type radix and naive, side by side")
+    g.add_argument("--server-threads", type=int, default=None,
+                   help="CPU: the server's PyTorch threads (OMP_NUM_THREADS); default: the "
+                        "engine's choice, one per physical core. On a machine busy with other "
+                        "work, fewer threads than cores can be much faster (see above)")
+    g.add_argument("--server-args", default="",
+                   help='more options for python -m minisgl, e.g. "--max-running-req 64 --tp 2"')
+    g.add_argument("--startup-timeout", type=float, default=600.0)
+    g.add_argument("--engine-path", type=Path, default=ROOT / "python",
+                   help="serve the minisgl package under this directory (default: this "
+                        "repository's python/), e.g. an older checkout's, to compare versions")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -814,27 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shared system prompt, in words of one token (default: 256 CPU, 2048 cuda)")
     g.add_argument("--turn-len", type=int, default=None,
                    help="each question, in words of one token (default: 32 CPU, 128 cuda)")
-    g = p.add_argument_group("server")
-    g.add_argument("--url", default=None,
-                   help="benchmark a server that is already running (e.g. http://127.0.0.1:1919) "
-                        "instead of starting one; the server options below are then ignored")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=0, help="default: any free port")
-    g.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: the server's)")
-    g.add_argument("--dtype", default=None, help="default: the server's (float32 on the CPU)")
-    g.add_argument("--cache-type", default="radix", help="the server's prefix cache")
-    g.add_argument("--compare-cache", action="store_true",
-                   help="run the server twice, --cache-type radix and naive, side by side")
-    g.add_argument("--server-threads", type=int, default=None,
-                   help="CPU: the server's PyTorch threads (OMP_NUM_THREADS); default: the "
-                        "engine's choice, one per physical core. On a machine busy with other "
-                        "work, fewer threads than cores can be much faster (see above)")
-    g.add_argument("--server-args", default="",
-                   help='more options for python -m minisgl, e.g. "--max-running-req 64 --tp 2"')
-    g.add_argument("--startup-timeout", type=float, default=600.0)
-    g.add_argument("--engine-path", type=Path, default=ROOT / "python",
-                   help="serve the minisgl package under this directory (default: this "
-                        "repository's python/), e.g. an older checkout's, to compare versions")
+    add_server_options(p)
     g = p.add_argument_group("where the time goes")
     g.add_argument("--profile", metavar="DIR", type=Path, default=None,
                    help="record every server process with py-spy during each run "
@@ -850,11 +855,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
+    """The options, with the defaults of the machine the server runs on; and whether that
+    machine is a GPU."""
     parser = build_parser()
     args = parser.parse_args(argv)
     gpu = (args.device or "").startswith("cuda")
@@ -871,30 +874,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--range-ratio must be in (0, 1]")
     if any(r <= 0 for r in args.rates):
         parser.error("--rates must be > 0 (inf for all at once)")
+    return args, gpu
 
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    words = single_token_words(tokenizer)
+def workload(args: argparse.Namespace, words: list[str], round_: int) -> list[Request]:
+    """The requests of the round_-th rate: the same lengths every round, other text."""
+    if args.workload == "random":
+        return random_workload(words, args.num_requests, args.input_len, args.output_len,
+                               args.range_ratio, args.seed, round_)
+    return shared_prefix_workload(words, args.num_users, args.turns, args.system_len,
+                                  args.turn_len, args.output_len, args.seed, round_)
 
-    def workload(round_: int) -> list[Request]:
-        if args.workload == "random":
-            return random_workload(words, args.num_requests, args.input_len, args.output_len,
-                                   args.range_ratio, args.seed, round_)
-        return shared_prefix_workload(words, args.num_users, args.turns, args.system_len,
-                                      args.turn_len, args.output_len, args.seed, round_)
 
-    first = workload(0)
+def print_workload(args: argparse.Namespace, argv: list[str] | None, tokenizer,
+                   words: list[str]) -> str:
+    """Print the machine, the command line, the workload and the rates; return the first."""
+    first = workload(args, words, 0)
     ids = [prompt_ids(tokenizer, r) for r in first]
     lens, outs = [len(x) for x in ids], [r.output_len for r in first]
-    model_name = Path(args.model).name
     header = machine_line()
     print(header)
     print("$ python benchmark/online.py "
           + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv)))
     span = lambda xs: f"{min(xs)}–{max(xs)}" if min(xs) < max(xs) else f"每个 {xs[0]}"  # noqa: E731
     description = (f"提示词 {sum(lens):,} 个 token（{span(lens)}），要求输出 {sum(outs):,} 个 "
-                   f"token（{span(outs)}），模型 {model_name}")
+                   f"token（{span(outs)}），模型 {Path(args.model).name}")
     if args.workload == "random":
         print(f"random 负载：{len(first)} 个请求，{description}")
     else:
@@ -906,87 +910,149 @@ def main(argv: list[str] | None = None) -> int:
     print(f"速率：{' '.join(rate_label(r) for r in args.rates)}（泊松到达，种子 {args.seed}）"
           + ("" if not args.server_threads else
              f"；服务器 {args.server_threads} 个 PyTorch 线程（--server-threads）"), flush=True)
+    return header
 
-    cache_types = ["radix", "naive"] if args.compare_cache else [args.cache_type]
-    runs: list[dict] = []
 
-    def measure(base_url: str, cache: str | None, processes: dict[str, int]) -> None:
-        asyncio.run(warm_up(args.client, base_url, model_name, words))
-        for round_, rate in enumerate(args.rates):
-            requests = workload(round_)
-            label = (f"{cache} · " if len(cache_types) > 1 else "") + f"速率 {rate_label(rate)}"
-            arrivals = arrival_times(len(requests), rate, args.seed)
-            if args.profile:
-                args.profile.mkdir(parents=True, exist_ok=True)
-            recorders = ([pyspy.start(pid, args.profile / f"{slug(label)}-{slug(name)}.txt")
-                          for name, pid in processes.items()] if args.profile else [])
-            at_start: dict = {}
+def replay_rate(args: argparse.Namespace, base_url: str, model_name: str,
+                requests: list[Request], rate: float, label: str, processes: dict[str, int]
+                ) -> tuple[list[Result], float, dict[str, float], dict[str, int]]:
+    """Replay `requests` at `rate`: their results, the duration, the CPU seconds of the client
+    and of each server process, and the scheduler's counters over the run (py-spy records
+    each process meanwhile with --profile)."""
+    arrivals = arrival_times(len(requests), rate, args.seed)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    recorders = ([pyspy.start(pid, args.profile / f"{slug(label)}-{slug(name)}.txt")
+                  for name, pid in processes.items()] if args.profile else [])
+    at_start: dict = {}
 
-            def read_counters() -> None:  # at the run's first instant
-                at_start.update(counters=scheduler_counters(base_url), before=snapshot(processes),
-                                threads={n: thread_seconds(pid) for n, pid in processes.items()})
+    def read_counters() -> None:  # at the run's first instant
+        at_start.update(counters=scheduler_counters(base_url), before=snapshot(processes),
+                        threads={n: thread_seconds(pid) for n, pid in processes.items()})
 
-            results, duration, client = replay_in_processes(
-                args.client, base_url, model_name, requests, arrivals, label,
-                args.client_processes, read_counters)
-            after = snapshot(processes)
-            counters, before, threads = (at_start[k] for k in ("counters", "before", "threads"))
-            counters = {k: v - counters[k] for k, v in scheduler_counters(base_url).items()
-                        if k in counters}
-            for error in pyspy.stop(recorders):
-                print(f"  ……py-spy：{error}", file=sys.stderr, flush=True)
-            if args.profile:  # which threads of each process used the CPU
-                for name, pid in processes.items():
-                    print(f"  ……{label} · {name} 的线程：" + busiest_threads(
-                        threads[name], thread_seconds(pid), duration), file=sys.stderr, flush=True)
-            cpu = {CLIENT: client, **{n: after[n] - before[n] for n in after if n in before}}
-            run = {"label": label, "round": round_, "cache_type": cache,
-                   "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
-                   "cpu_s": cpu, "scheduler": counters, "requests": [asdict(r) for r in results]}
-            runs.append(run)
-            failed = [r for r in results if not r.ok]
-            print(f"  ……{label}：{duration:.1f}s，完成 {run['completed']}/{len(results)}"
-                  + (f"，第一个失败：{failed[0].error}" if failed else ""), file=sys.stderr,
+    results, duration, client = replay_in_processes(
+        args.client, base_url, model_name, requests, arrivals, label,
+        args.client_processes, read_counters)
+    after = snapshot(processes)
+    counters, before, threads = (at_start[k] for k in ("counters", "before", "threads"))
+    counters = {k: v - counters[k] for k, v in scheduler_counters(base_url).items()
+                if k in counters}
+    for error in pyspy.stop(recorders):
+        print(f"  ……py-spy：{error}", file=sys.stderr, flush=True)
+    if args.profile:  # which threads of each process used the CPU
+        for name, pid in processes.items():
+            print(f"  ……{label} · {name} 的线程：" + busiest_threads(
+                threads[name], thread_seconds(pid), duration), file=sys.stderr, flush=True)
+    cpu = {CLIENT: client, **{n: after[n] - before[n] for n in after if n in before}}
+    return results, duration, cpu, counters
+
+
+def measure(args: argparse.Namespace, words: list[str], base_url: str, model_name: str,
+            cache: str | None, processes: dict[str, int]) -> list[dict]:
+    """Warm the server up, then one run per rate, each on its round's workload."""
+    asyncio.run(warm_up(args.client, base_url, model_name, words))
+    runs = []
+    for round_, rate in enumerate(args.rates):
+        label = (f"{cache} · " if args.compare_cache else "") + f"速率 {rate_label(rate)}"
+        results, duration, cpu, counters = replay_rate(
+            args, base_url, model_name, workload(args, words, round_), rate, label, processes)
+        run = {"label": label, "round": round_, "cache_type": cache,
+               "rate": "inf" if math.isinf(rate) else rate, **summarize(results, duration),
+               "cpu_s": cpu, "scheduler": counters, "requests": [asdict(r) for r in results]}
+        runs.append(run)
+        failed = [r for r in results if not r.ok]
+        print(f"  ……{label}：{duration:.1f}s，完成 {run['completed']}/{len(results)}"
+              + (f"，第一个失败：{failed[0].error}" if failed else ""), file=sys.stderr,
+              flush=True)
+        if not run["exact_output_lengths"]:
+            print(f"  ……{label}：有请求的输出 token 数与要求的不同（服务器不支持 ignore_eos？）",
+                  file=sys.stderr, flush=True)
+    return runs
+
+
+def served_model(url: str) -> str:
+    """The model's name as the server at `url` serves it: other servers may insist on it."""
+    import httpx
+
+    try:
+        models = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise RuntimeError(f"{url} 没有回答 /v1/models：{e}") from None
+    return models["data"][0]["id"]
+
+
+def stop_server(server: Server) -> None:
+    """A second Ctrl-C must not cut the stopping short and leave the server behind."""
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.stop()
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def measure_own_servers(args: argparse.Namespace, words: list[str], model_name: str
+                        ) -> list[dict]:
+    """Start a server for each cache type, measure it, stop it."""
+    runs = []
+    for cache in ["radix", "naive"] if args.compare_cache else [args.cache_type]:
+        argv = server_argv(args, cache, args.port)
+        print(f"  ……启动服务器：{' '.join(shlex.quote(a) for a in argv[1:])}",
+              file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        server = Server(argv, args.server_threads, args.engine_path)
+        try:
+            server.wait_ready(args.startup_timeout)
+            print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,
                   flush=True)
-            if not run["exact_output_lengths"]:
-                print(f"  ……{label}：有请求的输出 token 数与要求的不同（服务器不支持 ignore_eos？）",
-                      file=sys.stderr, flush=True)
+            runs += measure(args, words, server.url, model_name, cache,
+                            server_processes(server.popen.pid, tp_size(argv)))
+            if not server.alive():
+                raise RuntimeError(f"服务器在测量中退出了：\n{server.tail()}")
+        finally:
+            stop_server(server)
+    return runs
 
+
+def print_tables(runs: list[dict]) -> None:
+    """Measured server by server; shown rate by rate, so that the caches stand side by side."""
+    by_rate = sorted(runs, key=lambda run: run["round"])
+    print(table(by_rate))
+    print(cpu_table(by_rate))
+    if any(run["scheduler"] for run in runs):
+        print(scheduler_table(by_rate))
+
+
+def print_cache_comparison(runs: list[dict], rates: list[float]) -> None:
+    """Radix against naive at each rate, in one line each."""
+    for round_, rate in enumerate(rates):
+        radix, naive = (next(r for r in runs if r["round"] == round_ and r["cache_type"] == c)
+                        for c in ("radix", "naive"))
+        if not (radix["completed"] and naive["completed"]):
+            continue
+        print(f"速率 {rate_label(rate)}：TTFT p50 radix {radix['ttft_ms']['p50']:,.0f} ms、"
+              f"naive {naive['ttft_ms']['p50']:,.0f} ms，naive/radix = "
+              f"{naive['ttft_ms']['p50'] / radix['ttft_ms']['p50']:.2f}；E2E p50 naive/radix = "
+              f"{naive['e2e_ms']['p50'] / radix['e2e_ms']['p50']:.2f}；输出 token/s radix/naive = "
+              f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, gpu = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    words = single_token_words(tokenizer)
+    header = print_workload(args, argv, tokenizer, words)
+    model_name = Path(args.model).name
     # SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through the `finally` below.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         if args.url:
-            import httpx
-
-            # Other servers may insist on the model's name as they serve it.
-            try:
-                models = httpx.get(f"{args.url.rstrip('/')}/v1/models", timeout=30).json()
-            except (httpx.HTTPError, ValueError) as e:
-                raise RuntimeError(f"{args.url} 没有回答 /v1/models：{e}") from None
-            model_name = models["data"][0]["id"]
-            measure(args.url.rstrip("/"), None, {})
-        for cache in ([] if args.url else cache_types):
-            argv_ = server_argv(args, cache, args.port)
-            print(f"  ……启动服务器：{' '.join(shlex.quote(a) for a in argv_[1:])}",
-                  file=sys.stderr, flush=True)
-            started = time.perf_counter()
-            server = Server(argv_, args.server_threads, args.engine_path)
-            try:
-                server.wait_ready(args.startup_timeout)
-                print(f"  ……服务器就绪（{time.perf_counter() - started:.1f}s）", file=sys.stderr,
-                      flush=True)
-                measure(server.url, cache, server_processes(server.popen.pid, tp_size(argv_)))
-                if not server.alive():
-                    raise RuntimeError(f"服务器在测量中退出了：\n{server.tail()}")
-            finally:
-                # A second Ctrl-C must not cut the stopping short and leave the server behind.
-                handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT,
-                                                                          signal.SIGTERM)}
-                try:
-                    server.stop()
-                finally:
-                    for s, handler in handlers.items():
-                        signal.signal(s, handler)
+            model_name = served_model(args.url)
+            runs = measure(args, words, args.url.rstrip("/"), model_name, None, {})
+        else:
+            runs = measure_own_servers(args, words, model_name)
     except KeyboardInterrupt:
         print("中断：服务器已停止", file=sys.stderr)
         return 130
@@ -996,14 +1062,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-    # Measured server by server; shown rate by rate, so that the caches stand side by side.
-    print(table(sorted(runs, key=lambda run: run["round"])))
-    print(cpu_table(sorted(runs, key=lambda run: run["round"])))
-    if any(run["scheduler"] for run in runs):
-        print(scheduler_table(sorted(runs, key=lambda run: run["round"])))
+    print_tables(runs)
     offline: list[dict] = []
     if args.compare_offline:
-        offline = compare_offline(args, [(round_, workload(round_), tokenizer)
+        offline = compare_offline(args, [(round_, workload(args, words, round_), tokenizer)
                                          for round_, rate in enumerate(args.rates)
                                          if math.isinf(rate)])
     if (lines := floors(runs, offline, gpu)):
@@ -1011,17 +1073,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         for path in sorted(args.profile.glob("*.txt")):
             print(pyspy.summary(path, top=15))
-    if args.compare_cache:  # radix against naive at each rate, in one line each
-        for round_, rate in enumerate(args.rates):
-            radix, naive = (next(r for r in runs if r["round"] == round_ and r["cache_type"] == c)
-                            for c in ("radix", "naive"))
-            if not (radix["completed"] and naive["completed"]):
-                continue
-            print(f"速率 {rate_label(rate)}：TTFT p50 radix {radix['ttft_ms']['p50']:,.0f} ms、"
-                  f"naive {naive['ttft_ms']['p50']:,.0f} ms，naive/radix = "
-                  f"{naive['ttft_ms']['p50'] / radix['ttft_ms']['p50']:.2f}；E2E p50 naive/radix = "
-                  f"{naive['e2e_ms']['p50'] / radix['e2e_ms']['p50']:.2f}；输出 token/s radix/naive = "
-                  f"{radix['output_throughput'] / naive['output_throughput']:.2f}")
+    if args.compare_cache:
+        print_cache_comparison(runs, args.rates)
     report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
               "model": model_name, "workload": args.workload,
               "options": {k: (list(map(str, v)) if k == "rates" else

@@ -138,10 +138,25 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
-               on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """The app; `on_ready` runs once the event loop is up (the launcher waits there until
-    the socket listens, then says it is ready)."""
+async def _events(gen: Generation, model_name: str, chat: bool,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """A streamed answer as server-sent events: the role (chat only), one chunk per piece of
+    text, the finish reason, the usage if asked for, and [DONE]."""
+    if chat:  # the first chunk of a chat stream names the role, and only that one
+        first = completion_body(gen.uid, model_name, True, "", None, True)
+        first["choices"][0]["delta"]["role"] = "assistant"
+        yield _sse(first)
+    async for piece in gen.pieces():
+        yield _sse(completion_body(gen.uid, model_name, chat, piece, None, True))
+    yield _sse(completion_body(gen.uid, model_name, chat, "", gen.finish_reason, True))
+    if include_usage:
+        yield _sse({**completion_body(gen.uid, model_name, chat, "", None, True),
+                    "choices": [], "usage": gen.usage})
+    yield "data: [DONE]\n\n"
+
+
+def _lifespan(frontend: Frontend, on_ready: Callable[[], Awaitable[None]] | None):
+    """Start the Frontend (and `on_ready`) once the event loop is up; close it at the end."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -154,28 +169,38 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
                 ready.cancel()
             frontend.close()
 
-    app = FastAPI(title="mini-sglang", version="0.1", lifespan=lifespan)
+    return lifespan
 
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        if any(err["type"] == "json_invalid" for err in errors):
-            error = APIError("the request body is not valid JSON")
-        else:
-            where = [".".join(str(x) for x in err["loc"][1:]) for err in errors]
-            problems = "; ".join(f"{w or 'body'}: {err['msg']}" for w, err in zip(where, errors))
-            error = APIError(f"invalid request: {problems}", param=where[0] or None)
-        return JSONResponse(error.body(), status_code=400)
+async def _api_error(_: Request, e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
-        error = APIError(str(e.detail), status=e.status_code,
-                         kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
-        return JSONResponse(error.body(), status_code=e.status_code)
+
+async def _invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
+    errors = e.errors()
+    if any(err["type"] == "json_invalid" for err in errors):
+        return await _api_error(request, APIError("the request body is not valid JSON"))
+    where = [".".join(str(x) for x in err["loc"][1:]) for err in errors]
+    problems = "; ".join(f"{w or 'body'}: {err['msg']}" for w, err in zip(where, errors))
+    return await _api_error(request, APIError(f"invalid request: {problems}",
+                                              param=where[0] or None))
+
+
+async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+    return await _api_error(request, APIError(str(e.detail), status=e.status_code, kind=kind))
+
+
+ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid_body,
+                  HTTPException: _http_error}
+
+
+def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
+               on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The app; `on_ready` runs once the event loop is up (the launcher waits there until
+    the socket listens, then says it is ready)."""
+    app = FastAPI(title="mini-sglang", version="0.1", lifespan=_lifespan(frontend, on_ready),
+                  exception_handlers=ERROR_HANDLERS)
 
     async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None,
                     request: Request) -> Generation:
@@ -191,21 +216,8 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
             text = "".join([piece async for piece in gen.pieces(request.is_disconnected)])
             return {**completion_body(gen.uid, model_name, chat, text, gen.finish_reason, False),
                     "usage": gen.usage}
-
-        async def events() -> AsyncIterator[str]:
-            if chat:  # the first chunk of a chat stream names the role, and only that one
-                first = completion_body(gen.uid, model_name, True, "", None, True)
-                first["choices"][0]["delta"]["role"] = "assistant"
-                yield _sse(first)
-            async for piece in gen.pieces():
-                yield _sse(completion_body(gen.uid, model_name, chat, piece, None, True))
-            yield _sse(completion_body(gen.uid, model_name, chat, "", gen.finish_reason, True))
-            if body.stream_options and body.stream_options.include_usage:
-                yield _sse({**completion_body(gen.uid, model_name, chat, "", None, True),
-                            "choices": [], "usage": gen.usage})
-            yield "data: [DONE]\n\n"
-
-        return GenerationStream(events(), gen)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return GenerationStream(_events(gen, model_name, chat, include_usage), gen)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

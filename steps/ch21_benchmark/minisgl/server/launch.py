@@ -134,14 +134,10 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
     return not backend.dead()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     print(f"minisgl: loading {args.scheduler.model_path} ...", flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM acts like Ctrl-C, until uvicorn's
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C, until uvicorn's
     if not args.trace:
         return _run(args)
     trace.begin(args.trace, "api-server")  # before the children start: they inherit it
