@@ -1,5 +1,5 @@
 """engine.Engine: greedy output equals transformers token by token (alone and in a ragged batch),
-request admission, pool and max_seq_len sizing, and seeded sampling."""
+the request-length rule, pool and max_seq_len sizing, and seeded sampling."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import minisgl.core.context as context_module
 import minisgl.engine.engine as engine_module
 import minisgl.utils.device as device_module
 from conftest import SMOLLM2, TINY_QWEN3
-from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens, get_global_ctx
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig
@@ -131,17 +131,26 @@ def test_forward_batch_completes_each_request(qwen3_engine, qwen3_prompts):
 
 # --- admission and sizing --------------------------------------------------------------------------
 
-def test_check_request_fits_rejects_naming_prompt_length_and_max_seq_len(tiny_qwen3_path):
-    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
+def test_fit_max_tokens_rejects_naming_prompt_length_and_max_seq_len():
     with pytest.raises(ValueError) as info:
-        engine.check_request_fits(prompt_len=90, max_tokens=11)
+        fit_max_tokens(prompt_len=90, max_tokens=11, max_seq_len=100)
     message = str(info.value)
     assert "90" in message and "11" in message and "max_seq_len is 100" in message
 
 
-def test_check_request_fits_accepts_exactly_max_seq_len(tiny_qwen3_path):
-    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
-    assert engine.check_request_fits(prompt_len=90, max_tokens=10) is None
+def test_fit_max_tokens_accepts_exactly_max_seq_len():
+    assert fit_max_tokens(prompt_len=90, max_tokens=10, max_seq_len=100) == 10
+
+
+def test_fit_max_tokens_without_max_tokens_is_as_many_as_fit():
+    assert fit_max_tokens(prompt_len=90, max_tokens=None, max_seq_len=100) == 10
+    with pytest.raises(ValueError, match="^prompt has 100 tokens; max_seq_len is 100$"):
+        fit_max_tokens(prompt_len=100, max_tokens=None, max_seq_len=100)
+
+
+def test_fit_max_tokens_rejects_an_empty_prompt():
+    with pytest.raises(ValueError, match="empty"):
+        fit_max_tokens(prompt_len=0, max_tokens=1, max_seq_len=100)
 
 
 def test_max_seq_len_is_the_override_when_the_pool_is_larger(tiny_qwen3_path):

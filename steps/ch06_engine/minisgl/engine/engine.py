@@ -118,12 +118,6 @@ class Engine:
             raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}")
         return num_pages
 
-    def check_request_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """Reject a request that could outgrow max_seq_len before it takes any resource."""
-        if prompt_len + max_tokens > self.max_seq_len:
-            raise ValueError(f"prompt has {prompt_len:,} tokens and asks for up to "
-                             f"{max_tokens:,} more; max_seq_len is {self.max_seq_len:,}")
-
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
         """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
         set), sample one token per request, and start copying them to the host."""

@@ -42,13 +42,6 @@ class ForwardOutput(NamedTuple):
     copy_done: Event
 
 
-def check_request_fits(prompt_len: int, max_tokens: int, max_seq_len: int) -> None:
-    """Reject a request that could outgrow max_seq_len before it takes any resource."""
-    if prompt_len + max_tokens > max_seq_len:
-        raise ValueError(f"prompt has {prompt_len:,} tokens and asks for up to "
-                         f"{max_tokens:,} more; max_seq_len is {max_seq_len:,}")
-
-
 class Engine:
     """Owns everything one forward needs — model, KV pool, page table, attention backend and
     sampler — and runs batches that someone else (a main, later the scheduler) prepared."""
@@ -233,9 +226,6 @@ class Engine:
             raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}, "
                              f"and two pages are the least")
         return num_pages
-
-    def check_request_fits(self, prompt_len: int, max_tokens: int) -> None:
-        check_request_fits(prompt_len, max_tokens, self.max_seq_len)
 
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
         """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
