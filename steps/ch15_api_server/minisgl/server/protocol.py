@@ -96,8 +96,7 @@ class SamplingFields(BaseModel):
 
     def sampling_params(self, default_max_tokens: int | None) -> tuple[SamplingParams, bool]:
         """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default).
-        Whether the request fits the context is the scheduler's question: only it knows how
-        many tokens the prompt has (chapter 6's fit_max_tokens; its refusal becomes a 400)."""
+        Whether it fits is for fit_max_tokens in the scheduler, where the prompt's length is known."""
         refuse_unsupported(self.model_extra or {})
         if self.top_k > MAX_TOP_K:
             raise APIError(f"top_k must be -1 (no limit) or at most {MAX_TOP_K}, got {self.top_k}",
