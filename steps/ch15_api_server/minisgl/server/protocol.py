@@ -96,7 +96,7 @@ class SamplingFields(BaseModel):
 
     def sampling_params(self, default_max_tokens: int | None) -> tuple[SamplingParams, bool]:
         """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default).
-        Whether it fits is for fit_max_tokens in the scheduler, where the prompt's length is known."""
+        fit_max_tokens decides whether it fits, in the scheduler, where the prompt is counted."""
         refuse_unsupported(self.model_extra or {})
         if self.top_k > MAX_TOP_K:
             raise APIError(f"top_k must be -1 (no limit) or at most {MAX_TOP_K}, got {self.top_k}",
