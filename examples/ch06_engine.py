@@ -29,6 +29,7 @@ while reqs[0].can_decode:
     output = engine.forward_batch(batch, engine.sampler.prepare(batch))
     output.copy_done.synchronize()
     for req, token in zip(reqs, output.next_tokens_host.tolist()):
+        req.complete_one()
         req.append_host(token)
     phase = "decode"
 for req in reqs:

@@ -48,6 +48,7 @@ class HandBatcher:
         output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
         output.copy_done.synchronize()
         for req, token in zip(reqs, output.next_tokens_host.tolist()):
+            req.complete_one()
             req.append_host(token)
         return output
 
@@ -122,9 +123,20 @@ def test_forward_batch_output_is_ready_on_the_host(qwen3_engine, qwen3_prompts):
     assert output.next_tokens_host.tolist() == output.next_tokens_device.tolist()
 
 
-def test_forward_batch_completes_each_request(qwen3_engine, qwen3_prompts):
+def test_forward_batch_leaves_the_requests_lengths_to_the_caller(qwen3_engine, qwen3_prompts,
+                                                                 monkeypatch):
+    forward, unchanged = qwen3_engine.forward_batch, []
+
+    def spy(batch, args):
+        before = [(r.cached_len, r.device_len) for r in batch.reqs]
+        output = forward(batch, args)
+        unchanged.append(before == [(r.cached_len, r.device_len) for r in batch.reqs])
+        return output
+
+    monkeypatch.setattr(qwen3_engine, "forward_batch", spy)
     reqs = [new_req(ids, slot) for slot, ids in enumerate(qwen3_prompts[:2])]
-    HandBatcher(qwen3_engine).step(reqs, "prefill")
+    HandBatcher(qwen3_engine).step(reqs, "prefill")  # which calls complete_one itself
+    assert unchanged == [True]
     assert [(r.cached_len, r.device_len, r.extend_len) for r in reqs] == \
         [(len(p), len(p) + 1, 1) for p in qwen3_prompts[:2]]
 

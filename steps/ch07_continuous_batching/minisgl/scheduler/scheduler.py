@@ -54,6 +54,8 @@ class Scheduler:
             return []
         self._prepare(batch)
         output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
+        for req in batch.reqs:  # computed: cached now, and one new token is due
+            req.complete_one()
         return self._process(batch, output)
 
     def _prepare(self, batch: Batch) -> None:

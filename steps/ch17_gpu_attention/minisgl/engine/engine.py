@@ -153,8 +153,6 @@ class Engine:
         with use_stream(self.stream), torch.no_grad():
             with self.ctx.forward_batch(batch):
                 logits = self.model.forward()
-            for req in batch.reqs:
-                req.complete_one()
             next_tokens = self.sampler.sample(logits, args).to(torch.int32)
             next_tokens_host = pin(torch.empty_like(next_tokens, device="cpu"), self.device)
             next_tokens_host.copy_(next_tokens, non_blocking=True)

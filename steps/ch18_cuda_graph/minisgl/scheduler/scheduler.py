@@ -125,6 +125,7 @@ class Scheduler:
         """Compute the batch; its requests' lengths are known now, their tokens later."""
         flight = self._compute(batch)
         for req in batch.reqs:
+            req.complete_one()  # computed: cached now, and one new token is due
             if isinstance(req, ChunkedReq):
                 continue
             if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
@@ -143,7 +144,7 @@ class Scheduler:
                                                 if r not in self.decode.running)
         # A partial prompt's sampled token means nothing: it must not reach the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
-        return self.engine.launch(batch, sampled)  # also advances each req's lengths
+        return self.engine.launch(batch, sampled)
 
     def _process(self, flight: InFlight, next_reqs: list[Req]) -> list[TokenOutput]:
         """Read a finished batch's tokens on the host: append them, detect the end of each

@@ -240,8 +240,6 @@ class Engine:
 
     def _sample(self, batch: Batch, logits: torch.Tensor,
                 args: SamplingArgs | None) -> ForwardOutput:
-        for req in batch.reqs:
-            req.complete_one()
         next_tokens = self.sampler.sample(logits, args).to(torch.int32)
         next_tokens_host = pin(torch.empty_like(next_tokens, device="cpu"), self.device)
         next_tokens_host.copy_(next_tokens, non_blocking=True)
