@@ -119,8 +119,8 @@ class Engine:
         return num_pages
 
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
-        """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
-        set), sample one token per request, and start copying them to the host."""
+        """Run the model on a prepared batch (inputs and attention metadata set), sample one
+        token per request and start copying them to the host. The requests are the caller's."""
         caller = current_stream(self.device)  # where the caller wrote the batch
         if caller != self.stream:  # a scheduler already on the engine's stream has waited
             self.stream.wait_stream(caller)
