@@ -4,7 +4,7 @@ process-global context that carries the current batch into the model."""
 from .batch import AttentionMetadata, Batch, Phase
 from .context import AttentionBackend, Context, MoEBackend, get_global_ctx, set_global_ctx
 from .req import Req
-from .sampling import SamplingParams, fit_max_tokens
+from .sampling import SamplingParams
 
 __all__ = [
     "AttentionBackend",
@@ -15,7 +15,6 @@ __all__ = [
     "Phase",
     "Req",
     "SamplingParams",
-    "fit_max_tokens",
     "get_global_ctx",
     "set_global_ctx",
 ]
