@@ -91,7 +91,12 @@ part_decode() {  # chapter 21: decode ms/step at batch 1 and 32, three processes
     cmd 120 python3 benchmark/tp_decode.py "${args[@]}"
     cmd 120 python3 benchmark/tp_decode.py "${args[@]}"
     python3 benchmark/gpu/median.py decode "$R" >> "$R"
+    # chapter 18: the same steps with and without CUDA graphs, in one process
+    start ch18_decode.${CARD}.txt
+    cmd 240 python3 benchmark/tp_decode.py --model $M --tp 1 --batch 1 32 256 --device cuda \
+        --attn flashinfer --cuda-graph auto off
     show ch21_decode.${CARD}.txt 6
+    show ch18_decode.${CARD}.txt 8
 }
 
 part_serving() {  # chapter 15: the serving floors, the same command three times
