@@ -42,6 +42,7 @@ def ours(engine: Engine, prompt_ids: list[int], n: int) -> list[int]:
         engine.attn_backend.prepare_metadata(batch)
         output = engine.forward_batch(batch, None)
         output.copy_done.synchronize()
+        req.complete_one()
         req.append_host(int(output.next_tokens_host[0]))
         phase = "decode"
     return req.output_ids

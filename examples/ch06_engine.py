@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoTokenizer
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens
 from minisgl.engine import Engine, EngineConfig
 
 path = "models/SmolLM2-135M-Instruct"
@@ -29,12 +29,13 @@ while reqs[0].can_decode:
     output = engine.forward_batch(batch, engine.sampler.prepare(batch))
     output.copy_done.synchronize()
     for req, token in zip(reqs, output.next_tokens_host.tolist()):
+        req.complete_one()
         req.append_host(token)
     phase = "decode"
 for req in reqs:
     print(f"{req.sampling_params}\n  → {tokenizer.decode(req.output_ids)!r}")
 try:
-    engine.check_request_fits(60, 16)
+    fit_max_tokens(60, 16, engine.max_seq_len)  # 提示词 60 个 token，最多再生成 16 个
 except ValueError as error:
     print("ValueError:", error)
 engine.close()  # 还原构造时对进程做的设置（全局 Context、CPU 线程数）

@@ -1,5 +1,5 @@
 """engine.Engine: greedy output equals transformers token by token (alone and in a ragged batch),
-request admission, pool and max_seq_len sizing, and seeded sampling."""
+the request-length rule, pool and max_seq_len sizing, and seeded sampling."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import minisgl.core.context as context_module
 import minisgl.engine.engine as engine_module
 import minisgl.utils.device as device_module
 from conftest import SMOLLM2, TINY_QWEN3
-from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens, get_global_ctx
 from minisgl.engine import Engine, EngineConfig
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig
@@ -48,6 +48,7 @@ class HandBatcher:
         output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
         output.copy_done.synchronize()
         for req, token in zip(reqs, output.next_tokens_host.tolist()):
+            req.complete_one()
             req.append_host(token)
         return output
 
@@ -122,26 +123,46 @@ def test_forward_batch_output_is_ready_on_the_host(qwen3_engine, qwen3_prompts):
     assert output.next_tokens_host.tolist() == output.next_tokens_device.tolist()
 
 
-def test_forward_batch_completes_each_request(qwen3_engine, qwen3_prompts):
+def test_forward_batch_leaves_the_requests_lengths_to_the_caller(qwen3_engine, qwen3_prompts,
+                                                                 monkeypatch):
+    forward, unchanged = qwen3_engine.forward_batch, []
+
+    def spy(batch, args):
+        before = [(r.cached_len, r.device_len) for r in batch.reqs]
+        output = forward(batch, args)
+        unchanged.append(before == [(r.cached_len, r.device_len) for r in batch.reqs])
+        return output
+
+    monkeypatch.setattr(qwen3_engine, "forward_batch", spy)
     reqs = [new_req(ids, slot) for slot, ids in enumerate(qwen3_prompts[:2])]
-    HandBatcher(qwen3_engine).step(reqs, "prefill")
+    HandBatcher(qwen3_engine).step(reqs, "prefill")  # which calls complete_one itself
+    assert unchanged == [True]
     assert [(r.cached_len, r.device_len, r.extend_len) for r in reqs] == \
         [(len(p), len(p) + 1, 1) for p in qwen3_prompts[:2]]
 
 
 # --- admission and sizing --------------------------------------------------------------------------
 
-def test_check_request_fits_rejects_naming_prompt_length_and_max_seq_len(tiny_qwen3_path):
-    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
+def test_fit_max_tokens_rejects_naming_prompt_length_and_max_seq_len():
     with pytest.raises(ValueError) as info:
-        engine.check_request_fits(prompt_len=90, max_tokens=11)
+        fit_max_tokens(prompt_len=90, max_tokens=11, max_seq_len=100)
     message = str(info.value)
     assert "90" in message and "11" in message and "max_seq_len is 100" in message
 
 
-def test_check_request_fits_accepts_exactly_max_seq_len(tiny_qwen3_path):
-    engine = make_engine(tiny_qwen3_path, max_seq_len_override=100)
-    assert engine.check_request_fits(prompt_len=90, max_tokens=10) is None
+def test_fit_max_tokens_accepts_exactly_max_seq_len():
+    assert fit_max_tokens(prompt_len=90, max_tokens=10, max_seq_len=100) == 10
+
+
+def test_fit_max_tokens_without_max_tokens_is_as_many_as_fit():
+    assert fit_max_tokens(prompt_len=90, max_tokens=None, max_seq_len=100) == 10
+    with pytest.raises(ValueError, match="^prompt has 100 tokens; max_seq_len is 100$"):
+        fit_max_tokens(prompt_len=100, max_tokens=None, max_seq_len=100)
+
+
+def test_fit_max_tokens_rejects_an_empty_prompt():
+    with pytest.raises(ValueError, match="empty"):
+        fit_max_tokens(prompt_len=0, max_tokens=1, max_seq_len=100)
 
 
 def test_max_seq_len_is_the_override_when_the_pool_is_larger(tiny_qwen3_path):

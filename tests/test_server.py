@@ -337,7 +337,7 @@ BAD_REQUESTS = {
     "max_tokens 0": ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
     "max_tokens negative": ("/v1/completions", {"prompt": "x", "max_tokens": -3}, "max_tokens"),
     "max_tokens too large": ("/v1/completions", {"prompt": "x", "max_tokens": 4096},
-                             "context holds 4096"),
+                             "asks for up to 4,096 more; max_seq_len is 4,096"),
     "prompt longer than the context": ("/v1/completions",
                                        {"prompt": "hi " * 5000, "max_tokens": 8},
                                        "max_seq_len is 4,096"),
@@ -411,7 +411,7 @@ def test_an_unsupported_field_is_refused_by_name(field, value, chat):
     body = (ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], **{field: value})
             if chat else CompletionRequest(prompt="x", **{field: value}))
     with pytest.raises(APIError) as e:
-        body.sampling_params(128, 16)
+        body.sampling_params(16)
     assert e.value.param == field and e.value.status == 400
     assert e.value.message.startswith(f"{field} must be ")
     assert e.value.message.endswith(f"got {json.dumps(value)}")
@@ -421,7 +421,7 @@ def test_the_neutral_values_of_unsupported_fields_are_accepted():
     from minisgl.server.protocol import CompletionRequest
 
     assert NEUTRAL.keys() == {field for field, _ in UNSUPPORTED}
-    params, _ = CompletionRequest(prompt="x", max_tokens=3, **NEUTRAL).sampling_params(128, 16)
+    params, _ = CompletionRequest(prompt="x", max_tokens=3, **NEUTRAL).sampling_params(16)
     assert params.max_tokens == 3
 
 

@@ -49,6 +49,7 @@ class HandBatcher:
             output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
             output.copy_done.synchronize()
             for req, token in zip(reqs, output.next_tokens_host.tolist()):
+                req.complete_one()
                 req.append_host(token)
             phase = "decode"
 

@@ -1,1 +1,1 @@
-../../../steps/ch01_core/minisgl/core/sampling.py
+../../../steps/ch06_engine/minisgl/core/sampling.py

@@ -118,23 +118,15 @@ class Engine:
             raise ValueError(f"a KV page needs {page_bytes:,} bytes; the budget is {budget:,}")
         return num_pages
 
-    def check_request_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """Reject a request that could outgrow max_seq_len before it takes any resource."""
-        if prompt_len + max_tokens > self.max_seq_len:
-            raise ValueError(f"prompt has {prompt_len:,} tokens and asks for up to "
-                             f"{max_tokens:,} more; max_seq_len is {self.max_seq_len:,}")
-
     def forward_batch(self, batch: Batch, args: SamplingArgs | None) -> ForwardOutput:
-        """Run the model on a prepared batch (tokens, positions, out_loc and attention metadata
-        set), sample one token per request, and start copying them to the host."""
+        """Run the model on a prepared batch (inputs and attention metadata set), sample one
+        token per request and start copying them to the host. The requests are the caller's."""
         caller = current_stream(self.device)  # where the caller wrote the batch
         if caller != self.stream:  # a scheduler already on the engine's stream has waited
             self.stream.wait_stream(caller)
         with use_stream(self.stream), torch.no_grad():
             with self.ctx.forward_batch(batch):
                 logits = self.model.forward()
-            for req in batch.reqs:
-                req.complete_one()
             next_tokens = self.sampler.sample(logits, args).to(torch.int32)
             next_tokens_host = pin(torch.empty_like(next_tokens, device="cpu"), self.device)
             next_tokens_host.copy_(next_tokens, non_blocking=True)

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens
 from minisgl.engine import Engine, ForwardOutput
 
 from .cache import CacheManager
@@ -41,9 +41,7 @@ class Scheduler:
                     sampling_params: SamplingParams) -> None:
         """Queue a request; one that could never fit is rejected here, before it waits."""
         ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
-        if len(ids) == 0:
-            raise ValueError(f"request {uid} has an empty prompt")
-        self.engine.check_request_fits(len(ids), sampling_params.max_tokens)
+        fit_max_tokens(len(ids), sampling_params.max_tokens, self.engine.max_seq_len)
         self.prefill.add(PendingReq(uid, ids, sampling_params))
 
     @property
@@ -57,6 +55,8 @@ class Scheduler:
             return []
         self._prepare(batch)
         output = self.engine.forward_batch(batch, self.engine.sampler.prepare(batch))
+        for req in batch.reqs:  # computed: cached now, and one new token is due
+            req.complete_one()
         return self._process(batch, output)
 
     def _prepare(self, batch: Batch) -> None:

@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens
 from minisgl.engine import Engine, ForwardOutput
 from minisgl.utils import Event, create_event, create_stream, pin, use_stream
 
@@ -70,9 +70,7 @@ class Scheduler:
                     sampling_params: SamplingParams) -> None:
         """Queue a request; one that could never fit is rejected here, before it waits."""
         ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
-        if len(ids) == 0:
-            raise ValueError(f"request {uid} has an empty prompt")
-        self.engine.check_request_fits(len(ids), sampling_params.max_tokens)
+        fit_max_tokens(len(ids), sampling_params.max_tokens, self.engine.max_seq_len)
         self.prefill.add(PendingReq(uid, ids, sampling_params))
 
     @property
@@ -122,13 +120,13 @@ class Scheduler:
         with use_stream(self.engine.stream):
             # Read on the engine's stream: the previous batch wrote its sampled tokens there.
             batch.input_ids = self.table.token_pool[rows, batch.positions].long()
-            output = self.engine.forward_batch(batch, args)  # also advances each req's lengths
+            output = self.engine.forward_batch(batch, args)
         # Each sampled token is the next input of its request: leave it in the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
         # Pinned and non-blocking: a plain host-to-device copy would make the host wait for
         # the forward it has just launched, and nothing would overlap.
         index_host = pin(torch.tensor([[batch.reqs[i].table_idx for i in sampled],
-                                       [batch.reqs[i].device_len - 1 for i in sampled],
+                                       [batch.reqs[i].device_len for i in sampled],
                                        sampled], dtype=torch.long), self.engine.device)
         if sampled:
             with use_stream(self.engine.stream):
@@ -137,6 +135,7 @@ class Scheduler:
         done = create_event(self.engine.device)
         done.record(self.engine.stream)
         for req in batch.reqs:  # lengths are known now, the tokens later
+            req.complete_one()  # computed: cached now, and one new token is due
             if isinstance(req, ChunkedReq):
                 continue
             if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it

@@ -94,21 +94,18 @@ class SamplingFields(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling_params(self, max_seq_len: int, default_max_tokens: int | None
-                        ) -> tuple[SamplingParams, bool]:
-        """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default)."""
+    def sampling_params(self, default_max_tokens: int | None) -> tuple[SamplingParams, bool]:
+        """SamplingParams, and whether max_tokens is "as many as fit" (not given, no default).
+        fit_max_tokens decides whether it fits, in the scheduler, where the prompt is counted."""
         refuse_unsupported(self.model_extra or {})
         if self.top_k > MAX_TOP_K:
             raise APIError(f"top_k must be -1 (no limit) or at most {MAX_TOP_K}, got {self.top_k}",
                            param="top_k")
         max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
-        if max_tokens is not None and max_tokens >= max_seq_len:
-            raise APIError(f"max_tokens is {max_tokens}, but this server's context holds "
-                           f"{max_seq_len} tokens, prompt included", param="max_tokens")
         try:
             params = SamplingParams(temperature=self.temperature, top_k=self.top_k,
                                     top_p=self.top_p, ignore_eos=self.ignore_eos,
-                                    max_tokens=max_seq_len if max_tokens is None else max_tokens)
+                                    max_tokens=1 if max_tokens is None else max_tokens)
         except ValueError as e:
             raise APIError(str(e)) from None
         return params, max_tokens is None

@@ -8,8 +8,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from minisgl.core import SamplingParams
-from minisgl.engine import check_request_fits
+from minisgl.core import SamplingParams, fit_max_tokens
 from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, encode, unbatch
 from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
@@ -144,9 +143,7 @@ class LLM:
         token_ids = [self.tokenizer(p).input_ids if isinstance(p, str) else list(p)
                      for p in prompts]
         for ids, p in zip(token_ids, params):  # reject bad input before queueing anything
-            if not ids:
-                raise ValueError("a prompt is empty")
-            check_request_fits(len(ids), p.max_tokens, backend.max_seq_len)
+            fit_max_tokens(len(ids), p.max_tokens, backend.max_seq_len)
 
         uids = list(range(self._next_uid, self._next_uid + len(prompts)))
         self._next_uid += len(prompts)

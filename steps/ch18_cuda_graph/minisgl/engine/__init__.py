@@ -1,8 +1,8 @@
 """The engine: model, KV pool, attention backend and sampler behind one forward_batch call."""
 
 from .config import EngineConfig
-from .engine import Engine, ForwardOutput, InFlight, check_request_fits
+from .engine import Engine, ForwardOutput, InFlight
 from .sampler import Sampler, SamplingArgs, top_k_top_p_filter
 
 __all__ = ["Engine", "EngineConfig", "ForwardOutput", "InFlight", "Sampler", "SamplingArgs",
-           "check_request_fits", "top_k_top_p_filter"]
+           "top_k_top_p_filter"]

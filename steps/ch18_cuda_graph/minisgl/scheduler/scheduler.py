@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, Req, SamplingParams, fit_max_tokens
 from minisgl.engine import Engine, InFlight
 from minisgl.utils import use_stream
 
@@ -77,9 +77,7 @@ class Scheduler:
                     sampling_params: SamplingParams) -> None:
         """Queue a request; one that could never fit is rejected here, before it waits."""
         ids = torch.as_tensor(input_ids, dtype=torch.int32).flatten().cpu()
-        if len(ids) == 0:
-            raise ValueError(f"request {uid} has an empty prompt")
-        self.engine.check_request_fits(len(ids), sampling_params.max_tokens)
+        fit_max_tokens(len(ids), sampling_params.max_tokens, self.engine.max_seq_len)
         self.prefill.add(PendingReq(uid, ids, sampling_params))
 
     @property
@@ -127,6 +125,7 @@ class Scheduler:
         """Compute the batch; its requests' lengths are known now, their tokens later."""
         flight = self._compute(batch)
         for req in batch.reqs:
+            req.complete_one()  # computed: cached now, and one new token is due
             if isinstance(req, ChunkedReq):
                 continue
             if batch.is_prefill and req not in self.decode.running:  # its prompt is done: share it
@@ -145,7 +144,7 @@ class Scheduler:
                                                 if r not in self.decode.running)
         # A partial prompt's sampled token means nothing: it must not reach the token pool.
         sampled = [i for i, req in enumerate(batch.reqs) if not isinstance(req, ChunkedReq)]
-        return self.engine.launch(batch, sampled)  # also advances each req's lengths
+        return self.engine.launch(batch, sampled)
 
     def _process(self, flight: InFlight, next_reqs: list[Req]) -> list[TokenOutput]:
         """Read a finished batch's tokens on the host: append them, detect the end of each

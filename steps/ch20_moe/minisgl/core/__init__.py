@@ -4,7 +4,7 @@ process-global context that carries the current batch into the model."""
 from .batch import AttentionMetadata, Batch, Phase
 from .context import AttentionBackend, Context, MoEBackend, get_global_ctx, set_global_ctx
 from .req import Req
-from .sampling import SamplingParams
+from .sampling import SamplingParams, fit_max_tokens
 
 __all__ = [
     "AttentionBackend",
@@ -15,6 +15,7 @@ __all__ = [
     "Phase",
     "Req",
     "SamplingParams",
+    "fit_max_tokens",
     "get_global_ctx",
     "set_global_ctx",
 ]

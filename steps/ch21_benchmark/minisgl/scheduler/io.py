@@ -15,6 +15,7 @@ from multiprocessing.process import BaseProcess
 
 import msgpack
 
+from minisgl.core import fit_max_tokens
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                              UserMsg, batched, decode, encode, unbatch)
 from minisgl.utils import trace
@@ -109,11 +110,11 @@ class SchedulerLoop:
 
     def handle(self, msg: Message) -> list[Message]:
         if isinstance(msg, UserMsg):
-            params = msg.sampling_params
-            if msg.fit_to_context:  # as many tokens as the context has room for
-                room = self.scheduler.engine.max_seq_len - len(msg.input_ids)
-                params = replace(params, max_tokens=max(1, min(params.max_tokens, room)))
             try:
+                params = msg.sampling_params
+                if msg.fit_to_context:  # as many tokens as fit, by the request-length rule
+                    params = replace(params, max_tokens=fit_max_tokens(
+                        len(msg.input_ids), None, self.scheduler.engine.max_seq_len))
                 self.scheduler.add_request(msg.uid, msg.input_ids, params)
             except ValueError as e:  # too long for the context or the KV pool: refuse it
                 return [DetokenizeMsg(msg.uid, -1, finished=True, error=str(e))]

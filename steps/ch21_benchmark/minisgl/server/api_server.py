@@ -208,7 +208,7 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
     async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None,
                     request: Request) -> Generation:
         arrived = trace.now()
-        params, fit = body.sampling_params(max_seq_len, default_max_tokens)
+        params, fit = body.sampling_params(default_max_tokens)
         uid, queue = frontend.submit(prompt, params, fit)
         trace.span("http_request", arrived, uid=uid, path=request.url.path, stream=body.stream)
         gen = Generation(frontend, uid, queue, body.stop_strings())

@@ -1,8 +1,0 @@
-"""The engine: model, KV pool, attention backend and sampler behind one forward_batch call."""
-
-from .config import EngineConfig
-from .engine import Engine, ForwardOutput, check_request_fits
-from .sampler import Sampler, SamplingArgs, top_k_top_p_filter
-
-__all__ = ["Engine", "EngineConfig", "ForwardOutput", "Sampler", "SamplingArgs",
-           "check_request_fits", "top_k_top_p_filter"]
