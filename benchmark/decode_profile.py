@@ -9,11 +9,13 @@
   之间的空档只有一两微秒）；
 - 每步发射的 kernel 个数。
 GPU 时间远小于墙钟时，步长由主机（Python 发射 kernel、准备元数据）决定。--temperature 大于 0
-时按温度采样（官方负载用 0.6），默认贪心；--page-size 默认 16（官方负载用 256）。
+时按温度采样（官方负载用 0.6），默认贪心；--page-size 默认 16（官方负载用 256）；--cuda-graph off
+让每一步都 eager 地跑（第 18 章之前的样子）。
 
     python benchmark/decode_profile.py --model models/qwen3-0.6b-random --attn torch flashinfer
     python benchmark/decode_profile.py --attn flashinfer --prompt-len 1024 --temperature 0.6 \\
         --page-size 256 --custom-kernels auto off --top 30
+    python benchmark/decode_profile.py --attn torch flashinfer --cuda-graph off --custom-kernels off
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ def decoding(scheduler: Scheduler) -> bool:
 
 def profile_backend(model: str, attn: str, batch: int, prompt_len: int, steps: int,
                     custom_kernels: str = "auto", temperature: float = 0.0,
-                    page_size: int = 16) -> dict:
+                    page_size: int = 16, cuda_graph: str = "auto") -> dict:
     llm = LLM(model, dtype=torch.bfloat16, attention_backend=attn, max_running_req=batch,
               page_size=page_size, max_seq_len_override=prompt_len + 512, device="cuda",
-              custom_kernels=custom_kernels)
+              custom_kernels=custom_kernels, cuda_graph=cuda_graph)
     scheduler = llm.backend.scheduler  # type: ignore[union-attr]
     gen = torch.Generator().manual_seed(0)
     for uid in range(batch):
@@ -121,6 +123,8 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--custom-kernels", nargs="+", default=["auto"],
                         choices=["auto", "off"], help="chapter 19's kernels, each a row")
+    parser.add_argument("--cuda-graph", default="auto", choices=["auto", "off"],
+                        help="chapter 18's decode graphs (off: every step eager)")
     parser.add_argument("--top", type=int, default=0,
                         help="also list the N kernels that take the most GPU time per step")
     args = parser.parse_args()
@@ -132,11 +136,13 @@ def main() -> int:
         for mode in args.custom_kernels:
             name = f"--attn {attn}" + (f" 自写kernel {mode}" if len(args.custom_kernels) > 1 else "")
             results[name] = profile_backend(args.model, attn, args.batch, args.prompt_len,
-                                            args.steps, mode, args.temperature, args.page_size)
+                                            args.steps, mode, args.temperature, args.page_size,
+                                            args.cuda_graph)
     sampling = f"温度 {args.temperature:g} 采样" if args.temperature > 0 else "贪心"
+    eager = "，不录图" if args.cuda_graph == "off" else ""
     print(f"decode 一步，batch {args.batch}，每个请求约 {args.prompt_len} 个 token 的上下文，"
-          f"page_size {args.page_size}，{sampling}，bfloat16，{torch.cuda.get_device_name()}"
-          f"（{args.steps} 步的平均，毫秒）")
+          f"page_size {args.page_size}，{sampling}{eager}，bfloat16，"
+          f"{torch.cuda.get_device_name()}（{args.steps} 步的平均，毫秒）")
     labels = [label for label, _ in CATEGORIES] + ["其余"]
     header = ["", "batch", "墙钟/步", "GPU 跨度", "GPU 忙", "长空档", "GPU 合计", *labels,
               "kernel 数/步"]

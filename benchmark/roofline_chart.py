@@ -2,7 +2,7 @@
 
 屋顶是 min(峰值算力, 强度 × 带宽)，拐点（ridge）在 峰值 / 带宽；带宽和峰值取自屋顶线记录里的
 hardware（H200 的规格：4.8 TB/s、989 TFLOP/s），另画一条实测的 4.0 TB/s 拷贝速度
-（kernel_bench.py 的 copy 行，book/runs/ch21_client_kernels.h200.txt）。点：
+（kernel_bench.py 的 copy 行，book/runs/ch19_kernel_bench.h200.txt）。点：
 
 - 官方负载的 prefill、batch 1 与 batch 256 的 decode：benchmark/roofline.py --json 的逐步记录
   （每一步的浮点运算、必须搬的字节、CUDA event 量的时间），同一类的步加在一起；其余 decode 步画成淡点；
@@ -12,7 +12,7 @@ hardware（H200 的规格：4.8 TB/s、989 TFLOP/s），另画一条实测的 4.
   kernel_bench 数的字节是每个元素读写各 2 字节。KV 写入和 gather 只搬数据、没有浮点运算，强度为 0，
   画不到对数坐标上，只在图注里写出它们的带宽。
 
-    python benchmark/roofline_chart.py        # -> book/assets/ch21_roofline_chart.h200.png
+    python benchmark/roofline_chart.py        # -> book/assets/ch21_roofline_intensity.png
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "book" / "runs"
 DEFAULTS = {"steps": RUNS / "ch21_roofline.h200.json", "moe": RUNS / "ch20_moe_bench.h200.txt",
             "kernels": RUNS / "ch19_kernel_bench.h200.txt",
-            "out": ROOT / "book" / "assets" / "ch21_roofline_chart.h200.png"}
+            "out": ROOT / "book" / "assets" / "ch21_roofline_intensity.png"}
 COPY_BANDWIDTH = 4.0e12  # minisgl.benchmark.roofline.H200_COPY_BANDWIDTH: measured
 QK_FLOPS_PER_ELEMENT = 7  # qk_norm_rope.cu, per pair: a*a + b*b + sum (4), 2 x (x*inv_rms*w) (4),
 # the rotation na*cos - nb*sin, nb*cos + na*sin (6)

@@ -31,7 +31,7 @@ pytestmark = [
 # size, and the kernels round the attention probabilities to bfloat16 before multiplying them
 # with V. Outputs here are averages of N(0, 1) values. On the H200 the largest error against
 # float32 over all cases was 1.66e-2, for the kernels and for the torch backend in bfloat16
-# alike (book/runs/ch17_pytest_gpu.h200.txt): 2e-2 is that precision's own error level, while
+# alike (book/runs/gpu_pytest.h200.txt): 2e-2 is that precision's own error level, while
 # a wrong mask, page or scale gives errors of order 1.
 TOLERANCE = 2e-2
 

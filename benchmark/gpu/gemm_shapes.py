@@ -2,9 +2,9 @@
 calls it, cuBLAS through cublasLt, and a plain Triton matmul at the best of a sweep of tile
 shapes, each against the shape's bound.
 
-At batch 256 a decode step spends about 0.79 GPU ms in the layers' matmuls (ch21_decode_profile
-_b256), where their FLOPs at the H200's peak and their weights at its bandwidth allow about
-0.3: is that cuBLAS's tile choice for these skinny shapes, or what any kernel gets? The Triton
+At batch 256 a decode step's matmuls take more than twice what their FLOPs at the H200's peak
+and their weights at its bandwidth allow (decode_profile.py splits a step's GPU time): is that
+cuBLAS's tile choice for these skinny shapes, or what any kernel gets? The Triton
 kernel is the textbook one (a tile of rows by a tile of columns, the K loop pipelined by
 Triton): if a tile shape of it beats cuBLAS here, a tuned kernel has room; if none does, the
 gap is not the tile choice.

@@ -76,15 +76,17 @@ part_offline() {  # chapter 21: the official offline workload, the official meas
     show ch21_offline.${CARD}.txt 12
 }
 
-part_ablate() {  # chapter 21: each feature off in turn, transformers in the same run
+part_ablate() {  # chapters 18 and 21: each feature off in turn, transformers in the same run
     start ch21_ablate.${CARD}.txt
+    # overlap+cuda-graph: chapter 18's fourth corner (overlap with and without graphs)
     cmd 570 python3 benchmark/offline.py --device cuda --model $M --attn flashinfer \
-        --ablate overlap cuda-graph custom-kernels radix page-16 \
+        --ablate overlap cuda-graph overlap+cuda-graph custom-kernels radix page-16 \
         --json "$OUT/ch21_ablate.${CARD}.json" --plot "$OUT/ch21_ablate.${CARD}.png"
     show ch21_ablate.${CARD}.txt 12
 }
 
-part_decode() {  # chapter 21: decode ms/step at batch 1 and 32, three processes
+part_decode() {  # chapters 18, 19 and 21: decode ms/step, with and without graphs and kernels
+    # chapter 21: batch 1 and 32, three processes, transformers in the first
     start ch21_decode.${CARD}.txt
     local args=(--model $M --tp 1 --batch 1 32 --device cuda --attn flashinfer)
     cmd 300 python3 benchmark/tp_decode.py "${args[@]}" --transformers
@@ -95,8 +97,13 @@ part_decode() {  # chapter 21: decode ms/step at batch 1 and 32, three processes
     start ch18_decode.${CARD}.txt
     cmd 240 python3 benchmark/tp_decode.py --model $M --tp 1 --batch 1 32 256 --device cuda \
         --attn flashinfer --cuda-graph auto off
+    # chapter 19: the same steps with and without its kernels, in one process
+    start ch19_decode.${CARD}.txt
+    cmd 180 python3 benchmark/tp_decode.py --model $M --tp 1 --batch 1 256 --device cuda \
+        --attn flashinfer --custom-kernels auto off
     show ch21_decode.${CARD}.txt 6
     show ch18_decode.${CARD}.txt 8
+    show ch19_decode.${CARD}.txt 6
 }
 
 part_serving() {  # chapter 15: the serving floors, the same command three times
@@ -142,9 +149,18 @@ part_kernels() {  # chapters 17 and 19: the kernels against what they replace
     cmd 90 python3 benchmark/gpu/gemv_bench.py
     start ch19_sample_bench.${CARD}.txt
     cmd 90 python3 benchmark/gpu/sample_bench.py
+    # chapter 19: one decode step with and without its kernels at batch 1, again with PDL off
+    # (MINISGL_PDL=0), and with and without them at batch 256 sampling at temperature 0.6
+    start ch19_decode_profile.${CARD}.txt
+    cmd 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 \
+        --custom-kernels auto off --top 25
+    cmd 90 env MINISGL_PDL=0 python3 benchmark/decode_profile.py --model $M --attn flashinfer \
+        --batch 1
+    cmd 150 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
+        --prompt-len 700 --page-size 256 --temperature 0.6 --custom-kernels auto off --top 25
     local record
     for record in ch19_kernel_bench ch17_decode_attention ch19_decode_attention ch19_gemv_bench \
-                  ch19_sample_bench; do
+                  ch19_sample_bench ch19_decode_profile; do
         show $record.${CARD}.txt 8
     done
 }
@@ -164,11 +180,11 @@ part_bandwidth() {  # chapters 19 and 21: how close the decode step's reads get 
     for record in ch21_read_speed ch21_gemm_shapes ch21_pdl_gemm; do show $record.${CARD}.txt 10; done
 }
 
-part_profile() {  # chapters 19 and 21: where a decode step's and the workload's GPU time goes
-    start ch21_decode_profile.${CARD}.txt
-    cmd 120 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 1 --top 25
-    cmd 120 python3 benchmark/decode_profile.py --model $M --attn flashinfer --batch 256 \
-        --prompt-len 700 --page-size 256 --temperature 0.6 --top 25
+part_profile() {  # chapters 17, 18 and 21: where a decode step's and the workload's time goes
+    # chapter 17: one eager decode step at batch 256, the torch backend against FlashInfer
+    start ch17_decode_profile.${CARD}.txt
+    cmd 180 python3 benchmark/decode_profile.py --model $M --attn torch flashinfer \
+        --cuda-graph off --custom-kernels off
     start ch21_workload_profile.${CARD}.txt
     cmd 300 python3 benchmark/gpu/workload_profile.py --model $M --out /tmp/gpu-pyspy
     start ch21_attention_share.${CARD}.txt
@@ -177,7 +193,7 @@ part_profile() {  # chapters 19 and 21: where a decode step's and the workload's
         cmd 120 python3 benchmark/gpu/attention_share.py --model $M --batch $b
     done
     local record
-    for record in ch21_decode_profile ch21_workload_profile ch21_attention_share; do
+    for record in ch17_decode_profile ch21_workload_profile ch21_attention_share; do
         show $record.${CARD}.txt 10
     done
 }
@@ -239,7 +255,9 @@ part_tests() {  # the GPU test modules
     smollm2_from_parts /tmp/gpu-models.txt \
         || echo "SmolLM2 is missing: the tests that use it skip (README: three calls)"
     start gpu_pytest.${CARD}.txt
-    cmd 560 python3 -m pytest -v -rs --durations=10 -p no:cacheprovider \
+    # -s: the tests print what they measure (errors against float32, the logit gap where two
+    # backends' greedy tokens part), which the pages quote
+    cmd 560 python3 -m pytest -v -s -rs --durations=10 -p no:cacheprovider \
         tests/test_tp_gpu.py tests/test_gpu_attention_cuda.py tests/test_cuda_graph_cuda.py \
         tests/test_cuda_kernels_cuda.py tests/test_fused_moe_cuda.py tests/test_overlap_gpu.py
     show gpu_pytest.${CARD}.txt 20
