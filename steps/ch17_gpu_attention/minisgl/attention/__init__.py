@@ -16,9 +16,9 @@ ATTENTION_BACKENDS: Registry[type[BaseAttentionBackend]] = Registry("attention b
 ATTENTION_BACKENDS.register("torch")(TorchAttentionBackend)
 ATTENTION_BACKENDS.register("flashinfer")(FlashInferBackend)
 ATTENTION_BACKENDS.register("fa")(FlashAttentionBackend)
-# What "auto" tries, in order; torch runs anywhere. flashinfer and fa measured the same on an
-# H200 (within run-to-run noise, chapters 17 and 18); flashinfer comes first because it also
-# runs off Hopper, so every GPU gets the same backend (and fa, Hopper-only, is never reached).
+# What "auto" tries, in order; torch runs anywhere. flashinfer and fa share their decode and
+# differ only in prefill kernels; flashinfer comes first because it also runs off Hopper, so
+# every GPU gets the same backend (and fa, Hopper-only, is never reached).
 AUTO_ORDER = ("flashinfer", "fa", "torch")
 
 
