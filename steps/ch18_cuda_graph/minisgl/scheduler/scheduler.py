@@ -97,8 +97,8 @@ class Scheduler:
                     and self.in_flight.batch.is_decode):
                 # A prefill runs eagerly: its launch keeps the host busy about as long as the
                 # device computes it, while the decode graph in flight is done in a fraction of
-                # that time. Its tokens would wait for the whole
-                # launch before reaching the clients; the device idles only while they are read.
+                # that time. Its tokens would wait for the whole launch before reaching the
+                # clients; the device idles only while they are read.
                 # A prefill in flight computes about as long as this launch takes: launched
                 # first, the next one is queued by the time it is done, and the device does
                 # not wait for this batch's preparation.
