@@ -39,8 +39,3 @@ def resolve_attention_backend(name: str, device: torch.device, dtype: torch.dtyp
 def create_attention_backend(name: str, pool: MHAKVPool, page_table: torch.Tensor,
                              num_qo_heads: int) -> BaseAttentionBackend:
     return ATTENTION_BACKENDS.get(name).create(pool, page_table, num_qo_heads)
-
-
-__all__ = ["ATTENTION_BACKENDS", "AUTO_ORDER", "BaseAttentionBackend", "FlashAttentionBackend",
-           "FlashInferBackend", "FlashInferMetadata", "TorchAttentionBackend", "TorchAttnMetadata",
-           "create_attention_backend", "resolve_attention_backend"]
