@@ -10,6 +10,8 @@ from conftest import SMOLLM2
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
 from test_cuda_kernels import (TOLERANCE, decode_case, gumbel_max_reference, plan_and_attend,
                                plan_items, reference_decode_attention, relative_error)
+from minisgl.attention import FlashInferBackend
+from minisgl.attention.custom_decode import CustomDecodeAttention
 from minisgl.core import SamplingParams
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
@@ -151,6 +153,19 @@ def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, name, dtype
     path = require_weights(models_dir / name)
     assert (generate(path, dtype, "auto", FIVE_PROMPTS, cuda_graph_max_bs=4)
             == generate(path, dtype, "off", FIVE_PROMPTS, cuda_graph_max_bs=4))
+
+
+def test_the_default_engine_replays_our_decode_attention_over_flashinfer(models_dir):
+    """With every default (--attn auto, graphs and our kernels on), captured decode steps run
+    our decode attention, and every other batch FlashInfer's."""
+    llm = LLM(str(require_weights(models_dir / SMOLLM2)), dtype=torch.bfloat16, device="cuda",
+              max_running_req=8, max_seq_len_override=512, num_page_override=4096)
+    try:
+        backend = llm.backend.scheduler.engine.attn_backend
+        assert isinstance(backend, CustomDecodeAttention)
+        assert isinstance(backend.backend, FlashInferBackend)
+    finally:
+        llm.shutdown()
 
 
 def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(models_dir):
