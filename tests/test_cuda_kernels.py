@@ -17,11 +17,13 @@ from transformers import AutoConfig
 
 import fake_flashinfer
 from conftest import TINY_QWEN3
-from minisgl.attention import FlashInferBackend, flashinfer_backend
+from minisgl.attention import FlashInferBackend
+from minisgl.attention.custom_decode import CustomDecodeAttention
 from minisgl.core import SamplingParams
 from minisgl.kernel import cuda_kernels, jit
 from minisgl.kernel.norm import rms_norm
 from minisgl.kernel.rotary import apply_rotary_inplace
+from minisgl.kvcache import MHAKVPool
 from minisgl.llm import LLM
 from processes import run_example
 
@@ -713,17 +715,14 @@ def test_tiny_qwen3_with_emulated_kernels_equals_the_reference_ops(models_dir, h
     assert answers == {"store_kv": {True}, "masked_gather": {True}, "qk_norm_rope": {True}}
 
 
-@pytest.mark.parametrize("own_max", [2, 4, None])
 def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch, hf_model,
-                                                        hf_tokenizer, hf_greedy, own_max):
-    """The FlashInfer backend (the fake package) with emulated graphs and kernels: decode steps
-    replay our kernel, which stores and attends, in place of store_kv and FlashInfer's decode;
-    the tokens stay transformers' greedy. By default every graph is ours (three requests replay
-    the graph of 4), and with OWN_DECODE_MAX_BATCH at 4 (this run's largest graph); at 2, only
-    the graphs of 1 and 2. Each replayed step plans its chunks once, from the graph's
-    positions, for all of its layers."""
-    every_graph_ours = own_max is None or own_max >= 4
-    monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", own_max)
+                                                        hf_tokenizer, hf_greedy):
+    """The FlashInfer backend (the fake package) with emulated graphs and kernels: every
+    captured decode step replays our kernel, which stores and attends, in place of store_kv
+    and FlashInfer's decode (three requests replay the graph of 4); the tokens stay
+    transformers' greedy. Each replayed step plans its chunks once, from the graph's
+    positions, for all of its layers. FlashInfer's graph state (a 128 MiB workspace,
+    page-index buffers) is never built."""
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
     monkeypatch.setattr(FlashInferBackend, "unsupported_reason",
                         classmethod(lambda cls, *args: None))
@@ -747,18 +746,36 @@ def test_small_decode_graphs_replay_our_attention_kernel(models_dir, monkeypatch
     try:
         outs = [o["token_ids"] for o in llm.generate(
             prompts, SamplingParams(max_tokens=8, ignore_eos=True), progress=False)]
-        # FlashInfer's graph state (a 128 MiB workspace, page-index buffers) only where some
-        # graph is FlashInfer's.
         backend = llm.backend.scheduler.engine.attn_backend
-        assert hasattr(backend, "graph_workspace") != every_graph_ours
+        assert isinstance(backend, CustomDecodeAttention)
+        assert isinstance(backend.backend, FlashInferBackend)
+        assert not hasattr(backend.backend, "graph_workspace")
     finally:
         llm.shutdown()
     tokenizer = hf_tokenizer(TINY_QWEN3)
     assert outs == [hf_greedy(hf_model(TINY_QWEN3), tokenizer(p).input_ids, 8) for p in prompts]
-    # The captured sizes up to the bound; the graph of 4 (three requests, padded) only with 4.
-    assert launches and set(launches) <= {1, 2, 4} and (4 in launches) == every_graph_ours
+    # The captured sizes; the graph of 4 for the three requests, padded.
+    assert set(launches) <= {1, 2, 4} and 4 in launches
     layers = AutoConfig.from_pretrained(models_dir / TINY_QWEN3).num_hidden_layers
     assert sorted(launches) == sorted(size for size in plans for _ in range(layers))
+
+
+@pytest.mark.parametrize("mode,q_heads,kv_heads,head_dim,dtype,takes", [
+    ("emulate", 8, 2, 64, torch.float32, True),
+    ("emulate", 4, 4, 128, torch.bfloat16, True),
+    ("off", 8, 2, 64, torch.float32, False),  # our kernels are off
+    ("emulate", 10, 2, 64, torch.float32, False),  # five query heads a KV head
+    ("emulate", 8, 2, 96, torch.float32, False),  # no build for the head size
+    ("emulate", 8, 2, 64, torch.float16, False),  # nor for the dtype
+])
+def test_captured_decode_runs_our_attention_only_where_the_kernel_takes_the_model(
+        mode, q_heads, kv_heads, head_dim, dtype, takes):
+    pool = MHAKVPool(1, 4, 4, kv_heads, head_dim, dtype, torch.device("cpu"))
+    previous = cuda_kernels.set_mode(mode)
+    try:
+        assert CustomDecodeAttention.takes(pool, q_heads) == takes
+    finally:
+        cuda_kernels.set_mode(previous)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answers are checked here")

@@ -10,8 +10,9 @@ from conftest import SMOLLM2
 from gpu_helpers import PROMPTS, assert_same_up_to_near_ties, require_weights
 from test_cuda_kernels import (TOLERANCE, decode_case, gumbel_max_reference, plan_and_attend,
                                plan_items, reference_decode_attention, relative_error)
+from minisgl.attention import FlashInferBackend
+from minisgl.attention.custom_decode import CustomDecodeAttention
 from minisgl.core import SamplingParams
-from minisgl.attention import flashinfer_backend
 from minisgl.kernel import apply_rotary_inplace, cuda_kernels, jit, rms_norm
 from minisgl.llm import LLM
 
@@ -127,9 +128,11 @@ def test_qk_norm_rope_rounds_as_the_cpu_reference(on_gpu, tokens):
     assert error <= TOLERANCE[torch.bfloat16]
 
 
-def generate(path, dtype: torch.dtype, mode: str, prompts: list[str]) -> list[list[int]]:
+def generate(path, dtype: torch.dtype, mode: str, prompts: list[str],
+             cuda_graph_max_bs: int | None = None) -> list[list[int]]:
     llm = LLM(str(path), dtype=dtype, custom_kernels=mode, max_running_req=8,
               max_seq_len_override=512, num_page_override=4096, device="cuda",
+              cuda_graph_max_bs=cuda_graph_max_bs,
               attention_backend="auto" if path.name == SMOLLM2 else "torch")  # tiny head_dim
     try:
         return [o["token_ids"] for o in llm.generate(
@@ -140,25 +143,35 @@ def generate(path, dtype: torch.dtype, mode: str, prompts: list[str]) -> list[li
 
 @pytest.mark.parametrize("name,dtype", [(SMOLLM2, torch.bfloat16), ("tiny-llama", torch.bfloat16),
                                         ("tiny-qwen3", torch.float32)])
-def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, monkeypatch, name, dtype):
+def test_same_greedy_tokens_with_and_without_our_kernels(models_dir, name, dtype):
     """Five prompts: every matmul has more rows than the GEMV takes (4), and FlashInfer attends
-    (our decode attention is held to graphs of 4 requests here), so in Llama-style models
-    (SmolLM2, tiny-llama: no q/k norm) only the store and the gather change, and both are
-    exact: even in bfloat16 the tokens must be identical, not merely close. tiny-qwen3 runs the
-    fused norm too, in float32, where it is within 1e-5 of the reference: its tokens must be
-    identical too."""
-    monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", 4)
+    (graphs hold at most 4 requests here, so the five decode eagerly, and no captured step
+    runs our decode attention), so in Llama-style models (SmolLM2, tiny-llama: no q/k norm)
+    only the store and the gather change, and both are exact: even in bfloat16 the tokens must
+    be identical, not merely close. tiny-qwen3 runs the fused norm too, in float32, where it is
+    within 1e-5 of the reference: its tokens must be identical too."""
     path = require_weights(models_dir / name)
-    assert generate(path, dtype, "auto", FIVE_PROMPTS) == generate(path, dtype, "off", FIVE_PROMPTS)
+    assert (generate(path, dtype, "auto", FIVE_PROMPTS, cuda_graph_max_bs=4)
+            == generate(path, dtype, "off", FIVE_PROMPTS, cuda_graph_max_bs=4))
 
 
-def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(models_dir,
-                                                                            monkeypatch):
-    """Five prompts: decode steps replay the graph of 8, where our decode attention (the
-    default: every size) sums in another order than FlashInfer's, a last bit of bfloat16
-    apart; no GEMV runs. SmolLM2's tokens may differ only where transformers in float32 sees a
-    near tie."""
-    monkeypatch.setattr(flashinfer_backend, "OWN_DECODE_MAX_BATCH", None)
+def test_the_default_engine_replays_our_decode_attention_over_flashinfer(models_dir):
+    """With every default (--attn auto, graphs and our kernels on), captured decode steps run
+    our decode attention, and every other batch FlashInfer's."""
+    llm = LLM(str(require_weights(models_dir / SMOLLM2)), dtype=torch.bfloat16, device="cuda",
+              max_running_req=8, max_seq_len_override=512, num_page_override=4096)
+    try:
+        backend = llm.backend.scheduler.engine.attn_backend
+        assert isinstance(backend, CustomDecodeAttention)
+        assert isinstance(backend.backend, FlashInferBackend)
+    finally:
+        llm.shutdown()
+
+
+def test_our_attention_at_five_requests_gives_the_same_tokens_up_to_near_ties(models_dir):
+    """Five prompts: decode steps replay the graph of 8, where our decode attention sums in
+    another order than FlashInfer's, a last bit of bfloat16 apart; no GEMV runs. SmolLM2's
+    tokens may differ only where transformers in float32 sees a near tie."""
     path = require_weights(models_dir / SMOLLM2)
     assert_same_up_to_near_ties(path, FIVE_PROMPTS,
                                 generate(path, torch.bfloat16, "off", FIVE_PROMPTS),

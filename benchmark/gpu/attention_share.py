@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "benchmark"), str(ROOT / "benchmark/gpu")]
 from decode_attention import ours_microseconds  # noqa: E402
 from decode_profile import decoding  # noqa: E402
-from minisgl.attention import flashinfer_backend  # noqa: E402
+from minisgl.attention.custom_decode import (CustomDecodeAttention,  # noqa: E402
+                                             CustomDecodeMetadata)
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
@@ -39,11 +40,11 @@ from minisgl.llm import LLM  # noqa: E402
 def graph_ms(model: str, batch: int, prompt_len: int, replays: int,
              attention: bool) -> tuple[float, list[int]]:
     """GPU ms per replay of the decode graph for `batch`, and the contexts it attends to."""
-    backend = flashinfer_backend.FlashInferBackend
+    backend = CustomDecodeAttention
     forward = backend.forward
     if not attention:  # in place before the graphs are captured; prefill keeps its attention
         def no_decode_attention(self, q, k, v, layer_id, batch_):  # type: ignore[no-untyped-def]
-            if isinstance(batch_.attn_metadata, flashinfer_backend.OwnDecodeMetadata):
+            if isinstance(batch_.attn_metadata, CustomDecodeMetadata):
                 return q
             return forward(self, q, k, v, layer_id, batch_)
         backend.forward = no_decode_attention  # type: ignore[method-assign]

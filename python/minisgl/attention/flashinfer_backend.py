@@ -1,1 +1,1 @@
-../../../steps/ch19_cuda_kernels/minisgl/attention/flashinfer_backend.py
+../../../steps/ch18_cuda_graph/minisgl/attention/flashinfer_backend.py

@@ -5,15 +5,3 @@ from .batch import AttentionMetadata, Batch, Phase
 from .context import AttentionBackend, Context, get_global_ctx, set_global_ctx
 from .req import Req
 from .sampling import SamplingParams
-
-__all__ = [
-    "AttentionBackend",
-    "AttentionMetadata",
-    "Batch",
-    "Context",
-    "Phase",
-    "Req",
-    "SamplingParams",
-    "get_global_ctx",
-    "set_global_ctx",
-]

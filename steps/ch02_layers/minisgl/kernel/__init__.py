@@ -5,5 +5,3 @@ from .activation import silu_and_mul
 from .index import indexing
 from .norm import fused_add_rms_norm, rms_norm
 from .rotary import apply_rotary_inplace
-
-__all__ = ["apply_rotary_inplace", "fused_add_rms_norm", "indexing", "rms_norm", "silu_and_mul"]

@@ -7,21 +7,3 @@ from .embedding import Embedding, LMHead
 from .linear import Linear, MergedLinear, QKVLinear
 from .norm import FusedAddRMSNorm, RMSNorm
 from .rotary import RotaryEmbedding, rope_inv_freq
-
-__all__ = [
-    "AttentionLayer",
-    "BaseOP",
-    "Embedding",
-    "FusedAddRMSNorm",
-    "LMHead",
-    "Linear",
-    "MergedLinear",
-    "OPList",
-    "QKVLinear",
-    "RMSNorm",
-    "RotaryEmbedding",
-    "SiluAndMul",
-    "StatelessOP",
-    "meta_param",
-    "rope_inv_freq",
-]

@@ -22,6 +22,3 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         model = create_model(config)
     model.load_state_dict(read_checkpoint(Path(path), config, dtype, device))
     return model
-
-
-__all__ = ["MODELS", "CausalLM", "ModelConfig", "create_model", "load_model", "read_checkpoint"]

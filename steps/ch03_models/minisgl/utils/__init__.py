@@ -1,5 +1,3 @@
 """Small helpers shared by the upper modules."""
 
 from .registry import Registry
-
-__all__ = ["Registry"]

@@ -6,6 +6,3 @@ from .index import indexing
 from .norm import fused_add_rms_norm, rms_norm
 from .rotary import apply_rotary_inplace
 from .store import store_kv
-
-__all__ = ["apply_rotary_inplace", "fused_add_rms_norm", "indexing", "rms_norm", "silu_and_mul",
-           "store_kv"]

@@ -17,7 +17,3 @@ ATTENTION_BACKENDS.register("torch")(TorchAttentionBackend)
 def create_attention_backend(name: str, pool: MHAKVPool,
                              page_table: torch.Tensor) -> BaseAttentionBackend:
     return ATTENTION_BACKENDS.get(name)(pool, page_table)
-
-
-__all__ = ["ATTENTION_BACKENDS", "BaseAttentionBackend", "TorchAttentionBackend",
-           "TorchAttnMetadata", "create_attention_backend"]

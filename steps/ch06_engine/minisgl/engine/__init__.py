@@ -3,6 +3,3 @@
 from .config import EngineConfig
 from .engine import Engine, ForwardOutput
 from .sampler import Sampler, SamplingArgs, top_k_top_p_filter
-
-__all__ = ["Engine", "EngineConfig", "ForwardOutput", "Sampler", "SamplingArgs",
-           "top_k_top_p_filter"]

@@ -5,22 +5,3 @@ from .device import (Event, NullEvent, NullStream, Stream, configure_cpu_threads
                      physical_core_count, pick_device, pin, synchronize, usable_cpu_count,
                      use_stream)
 from .registry import Registry
-
-__all__ = [
-    "Event",
-    "NullEvent",
-    "NullStream",
-    "Registry",
-    "Stream",
-    "configure_cpu_threads",
-    "configure_gpu_host_threads",
-    "create_event",
-    "create_stream",
-    "current_stream",
-    "physical_core_count",
-    "pick_device",
-    "pin",
-    "synchronize",
-    "usable_cpu_count",
-    "use_stream",
-]

@@ -122,9 +122,9 @@ def configure_gpu_host_threads() -> int:
     """One PyTorch thread for a process whose model runs on a GPU, unless OMP_NUM_THREADS says
     otherwise. Its host only builds small bookkeeping tensors (positions, page indices), which
     extra threads do not speed up; but after each op that used them, PyTorch's idle OpenMP
-    workers spin, waiting for the next one. Measured in a server's scheduler process on a
-    16-core H200 host (chapter 15): 15 workers kept 11 cores busy, and every step was 2-4x
-    slower than with one thread. Returns the thread count in effect."""
+    workers spin, waiting for the next one: on a many-core host they keep most cores busy and
+    slow every step several times over (chapter 15 measures it). Returns the thread count in
+    effect."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     return torch.get_num_threads()

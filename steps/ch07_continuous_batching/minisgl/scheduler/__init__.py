@@ -2,5 +2,3 @@
 
 from .config import SchedulerConfig
 from .scheduler import Scheduler, TokenOutput
-
-__all__ = ["Scheduler", "SchedulerConfig", "TokenOutput"]

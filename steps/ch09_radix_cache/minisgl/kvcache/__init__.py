@@ -15,7 +15,3 @@ PREFIX_CACHES.register("naive")(NaivePrefixCache)
 
 def create_prefix_cache(name: str, page_size: int) -> BasePrefixCache:
     return PREFIX_CACHES.get(name)(page_size)
-
-
-__all__ = ["PREFIX_CACHES", "BasePrefixCache", "CacheHandle", "MHAKVPool", "NaivePrefixCache",
-           "RadixCache", "create_prefix_cache"]

@@ -1,5 +1,3 @@
 """The offline interface: LLM.generate over the scheduler, in this process."""
 
 from .llm import LLM
-
-__all__ = ["LLM"]

@@ -3,6 +3,3 @@
 from .codec import decode, encode
 from .messages import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, Message, TokenizeMsg,
                        UserMsg, UserReply)
-
-__all__ = ["AbortMsg", "BatchMsg", "DetokenizeMsg", "ExitMsg", "Message", "TokenizeMsg",
-           "UserMsg", "UserReply", "decode", "encode"]

@@ -5,6 +5,3 @@ from .detokenize import DetokenizeManager, IncrementalDetokenizer
 from .stop import StopMatcher
 from .tokenize import TokenizeManager
 from .worker import TokenizerWorker, run_tokenizer
-
-__all__ = ["DetokenizeManager", "IncrementalDetokenizer", "StopMatcher", "TokenizeManager",
-           "TokenizerWorker", "run_tokenizer"]

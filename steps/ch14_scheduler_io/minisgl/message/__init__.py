@@ -3,7 +3,3 @@
 from .codec import decode, encode
 from .messages import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                        TokenizeMsg, UserMsg, UserReply, batched, unbatch)
-
-__all__ = ["AbortMsg", "BatchMsg", "DetokenizeMsg", "ExitMsg", "Message", "StatsMsg",
-           "StatsReply", "TokenizeMsg", "UserMsg", "UserReply", "batched", "decode", "encode",
-           "unbatch"]

@@ -3,6 +3,3 @@
 from .comm import (Communicator, SingleRank, TorchDistributed, destroy_distributed, get_comm,
                    init_distributed)
 from .info import TPInfo, get_tp_info, set_tp_info
-
-__all__ = ["Communicator", "SingleRank", "TPInfo", "TorchDistributed", "destroy_distributed",
-           "get_comm", "get_tp_info", "init_distributed", "set_tp_info"]

@@ -14,10 +14,6 @@ class TPInfo:
         if not 0 <= self.rank < self.size:
             raise ValueError(f"TP rank {self.rank} is not in [0, {self.size})")
 
-    @property
-    def is_primary(self) -> bool:
-        return self.rank == 0
-
     def shard(self, total: int, what: str, why: str) -> int:
         """This rank's share of `total` things; they must divide evenly, else a ValueError says
         what did not divide and why it has to."""

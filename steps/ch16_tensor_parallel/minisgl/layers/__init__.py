@@ -7,23 +7,3 @@ from .embedding import Embedding, LMHead, vocab_shard
 from .linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from .norm import FusedAddRMSNorm, RMSNorm
 from .rotary import RotaryEmbedding, rope_inv_freq
-
-__all__ = [
-    "AttentionLayer",
-    "BaseOP",
-    "Embedding",
-    "FusedAddRMSNorm",
-    "LMHead",
-    "Linear",
-    "MergedLinear",
-    "OPList",
-    "QKVLinear",
-    "RMSNorm",
-    "RotaryEmbedding",
-    "RowParallelLinear",
-    "SiluAndMul",
-    "StatelessOP",
-    "meta_param",
-    "rope_inv_freq",
-    "vocab_shard",
-]

@@ -54,7 +54,7 @@ class Backend:
             os.unlink(path)
 
 
-def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
+def start_backend(args: ServerArgs) -> Backend:
     """Start every child and wait until all have loaded what they need. A child that fails
     stops the others and raises RuntimeError with its traceback."""
     run_id = new_run_id()
@@ -75,8 +75,7 @@ def start_backend(args: ServerArgs, startup_timeout: float = 600.0) -> Backend:
             backend.processes.append(start_process(
                 run_tokenizer, name, status, model_path=args.scheduler.model_path,
                 inbox=inbox, bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
-        infos = wait_ready(backend.processes, status, expected=len(backend.processes),
-                           timeout=startup_timeout)
+        infos = wait_ready(backend.processes, status, expected=len(backend.processes))
     except BaseException:
         backend.stop()
         raise

@@ -16,9 +16,9 @@ ATTENTION_BACKENDS: Registry[type[BaseAttentionBackend]] = Registry("attention b
 ATTENTION_BACKENDS.register("torch")(TorchAttentionBackend)
 ATTENTION_BACKENDS.register("flashinfer")(FlashInferBackend)
 ATTENTION_BACKENDS.register("fa")(FlashAttentionBackend)
-# What "auto" tries, in order; torch runs anywhere. flashinfer and fa measured the same on an
-# H200 (within run-to-run noise, chapters 17 and 18); flashinfer comes first because it also
-# runs off Hopper, so every GPU gets the same backend (and fa, Hopper-only, is never reached).
+# What "auto" tries, in order; torch runs anywhere. flashinfer and fa share their decode and
+# differ only in prefill kernels; flashinfer comes first because it also runs off Hopper, so
+# every GPU gets the same backend (and fa, Hopper-only, is never reached).
 AUTO_ORDER = ("flashinfer", "fa", "torch")
 
 
@@ -39,8 +39,3 @@ def resolve_attention_backend(name: str, device: torch.device, dtype: torch.dtyp
 def create_attention_backend(name: str, pool: MHAKVPool, page_table: torch.Tensor,
                              num_qo_heads: int) -> BaseAttentionBackend:
     return ATTENTION_BACKENDS.get(name).create(pool, page_table, num_qo_heads)
-
-
-__all__ = ["ATTENTION_BACKENDS", "AUTO_ORDER", "BaseAttentionBackend", "FlashAttentionBackend",
-           "FlashInferBackend", "FlashInferMetadata", "TorchAttentionBackend", "TorchAttnMetadata",
-           "create_attention_backend", "resolve_attention_backend"]

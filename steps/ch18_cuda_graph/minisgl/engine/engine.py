@@ -90,7 +90,7 @@ class Engine:
         if warm_up_tokens is not None and self.device.type == "cuda":
             self.warm_up(warm_up_tokens)
             # The process's first full garbage collection walks every object that the imports,
-            # the model and the graphs made: about 0.2 s on an H200's host, during which no
+            # the model and the graphs made: a pause of a fraction of a second, during which no
             # step is launched. Now, before any request. CPython collects in full again only
             # once the objects that survived since outnumber a quarter of those it walked.
             gc.collect()
@@ -286,8 +286,8 @@ class Engine:
         """One eager prefill of `num_tokens` tokens before any request. A process's first
         forward at a new row count pays, on the host, for what later ones reuse: cuBLAS
         choosing (and loading) a kernel for each projection's shape, the allocator reserving
-        the step's activations. On an H200 the official workload's first prefill step took
-        53-60 ms in a process's first run and 35 ms in later ones (chapter 21). A full prefill
+        the step's activations, so a process's first full prefill step is markedly slower
+        than later ones of the same size (chapter 21 measures it). A full prefill
         step is the largest shape the scheduler runs: paid for here, it is off every request.
         The tokens sit on the spare row, cut into requests of at most max_seq_len: their K and
         V go to the spare page, their sampled tokens nowhere, and no row, page or request of

@@ -146,9 +146,9 @@ class GraphRunner:
     def pad_scored_rows(self, batch: Batch) -> None:
         """Pad an eager batch's rows for the LM head (its last_indices) to the next captured
         size; the padding repeats row 0, and its logits are dropped. cuBLAS picks a kernel on
-        the host, and loads it, the first time it meets a shape: for Qwen3-0.6B's LM head at
-        119-238 rows, 11-23 ms on an H200's host (chapter 21), and every prefill step of the
-        official workload has a new row count. The capture's warm-up met the captured sizes."""
+        the host, and loads it, the first time it meets a shape, milliseconds of host time
+        (chapter 21 measures it), and every prefill step of the official workload has a new
+        row count. The capture's warm-up met the captured sizes."""
         meta = batch.attn_metadata
         n = len(meta.last_indices)
         size = self._captured_size(n) or n

@@ -96,9 +96,9 @@ class Scheduler:
             if (self.in_flight is not None and batch is not None and batch.is_prefill
                     and self.in_flight.batch.is_decode):
                 # A prefill runs eagerly: its launch keeps the host busy about as long as the
-                # device computes it (~20 ms for 8,192 tokens on the H200's hosts), while the
-                # decode graph in flight is done in a few. Its tokens would wait for the whole
-                # launch before reaching the clients; the device idles only while they are read.
+                # device computes it, while the decode graph in flight is done in a fraction of
+                # that time. Its tokens would wait for the whole launch before reaching the
+                # clients; the device idles only while they are read.
                 # A prefill in flight computes about as long as this launch takes: launched
                 # first, the next one is queued by the time it is done, and the device does
                 # not wait for this batch's preparation.

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from minisgl.attention import create_attention_backend, resolve_attention_backend
+from minisgl.attention.custom_decode import CustomDecodeAttention
 from minisgl.core import (Batch, Context, Req, SamplingParams, get_global_ctx,
                           set_global_ctx)
 from minisgl.distributed import TPInfo, destroy_distributed, init_distributed
@@ -189,6 +190,7 @@ class Engine:
             return None
         max_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         sizes = capture_batch_sizes(max_bs)
+        self._use_custom_decode_attention()
         self.attn_backend.init_graph(max(sizes), self.dummy_row)
         start = time.perf_counter()
         free_before = self._free_device_memory() if not emulate else 0
@@ -199,6 +201,14 @@ class Engine:
         self.graph_capture_seconds = time.perf_counter() - start
         self.graph_memory_bytes = free_before - self._free_device_memory() if not emulate else 0
         return runner
+
+    def _use_custom_decode_attention(self) -> None:
+        """Captured decode steps attend with chapter 19's kernel where it takes the model: it
+        stands in front of the backend, for the engine and for the model's layers alike."""
+        num_qo_heads = self.model.config.num_q_heads // self.tp.size  # this rank's
+        if CustomDecodeAttention.takes(self.kv_pool, num_qo_heads):
+            self.attn_backend = self.ctx.attn_backend = CustomDecodeAttention(
+                self.attn_backend, self.kv_pool, self.page_table, num_qo_heads)
 
     def _free_device_memory(self) -> int:
         # Cached blocks nobody uses (the loader's temporaries) go back first, or the measure

@@ -7,6 +7,3 @@ from .linear import linear, linear_silu_and_mul
 from .norm import fused_add_rms_norm, rms_norm
 from .rotary import apply_rotary_inplace, qk_norm_rope
 from .store import store_kv
-
-__all__ = ["apply_rotary_inplace", "fused_add_rms_norm", "indexing", "linear",
-           "linear_silu_and_mul", "qk_norm_rope", "rms_norm", "silu_and_mul", "store_kv"]

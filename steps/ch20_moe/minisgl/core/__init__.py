@@ -5,17 +5,3 @@ from .batch import AttentionMetadata, Batch, Phase
 from .context import AttentionBackend, Context, MoEBackend, get_global_ctx, set_global_ctx
 from .req import Req
 from .sampling import SamplingParams, fit_max_tokens
-
-__all__ = [
-    "AttentionBackend",
-    "AttentionMetadata",
-    "Batch",
-    "Context",
-    "MoEBackend",
-    "Phase",
-    "Req",
-    "SamplingParams",
-    "fit_max_tokens",
-    "get_global_ctx",
-    "set_global_ctx",
-]

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from minisgl.attention import create_attention_backend, resolve_attention_backend
+from minisgl.attention.custom_decode import CustomDecodeAttention
 from minisgl.core import (Batch, Context, Req, SamplingParams, get_global_ctx,
                           set_global_ctx)
 from minisgl.distributed import TPInfo, destroy_distributed, init_distributed
@@ -93,7 +94,7 @@ class Engine:
         if warm_up_tokens is not None and self.device.type == "cuda":
             self.warm_up(warm_up_tokens)
             # The process's first full garbage collection walks every object that the imports,
-            # the model and the graphs made: about 0.2 s on an H200's host, during which no
+            # the model and the graphs made: a pause of a fraction of a second, during which no
             # step is launched. Now, before any request. CPython collects in full again only
             # once the objects that survived since outnumber a quarter of those it walked.
             gc.collect()
@@ -196,6 +197,7 @@ class Engine:
             return None
         max_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         sizes = capture_batch_sizes(max_bs)
+        self._use_custom_decode_attention()
         self.attn_backend.init_graph(max(sizes), self.dummy_row)
         start = time.perf_counter()
         free_before = self._free_device_memory() if not emulate else 0
@@ -206,6 +208,14 @@ class Engine:
         self.graph_capture_seconds = time.perf_counter() - start
         self.graph_memory_bytes = free_before - self._free_device_memory() if not emulate else 0
         return runner
+
+    def _use_custom_decode_attention(self) -> None:
+        """Captured decode steps attend with chapter 19's kernel where it takes the model: it
+        stands in front of the backend, for the engine and for the model's layers alike."""
+        num_qo_heads = self.model.config.num_q_heads // self.tp.size  # this rank's
+        if CustomDecodeAttention.takes(self.kv_pool, num_qo_heads):
+            self.attn_backend = self.ctx.attn_backend = CustomDecodeAttention(
+                self.attn_backend, self.kv_pool, self.page_table, num_qo_heads)
 
     def _free_device_memory(self) -> int:
         # Cached blocks nobody uses (the loader's temporaries) go back first, or the measure
@@ -304,8 +314,8 @@ class Engine:
         """One eager prefill of `num_tokens` tokens before any request. A process's first
         forward at a new row count pays, on the host, for what later ones reuse: cuBLAS
         choosing (and loading) a kernel for each projection's shape, the allocator reserving
-        the step's activations. On an H200 the official workload's first prefill step took
-        53-60 ms in a process's first run and 35 ms in later ones (chapter 21). A full prefill
+        the step's activations, so a process's first full prefill step is markedly slower
+        than later ones of the same size (chapter 21 measures it). A full prefill
         step is the largest shape the scheduler runs: paid for here, it is off every request.
         The tokens sit on the spare row, cut into requests of at most max_seq_len: their K and
         V go to the spare page, their sampled tokens nowhere, and no row, page or request of

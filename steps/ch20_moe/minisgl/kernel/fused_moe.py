@@ -33,8 +33,8 @@ class GemmConfig:
 def default_config(num_pairs: int, num_experts: int) -> GemmConfig:
     """Tile sizes by the average number of rows an expert receives. Decode gives each chosen
     expert a row or two, so a 64-row tile would be mostly padding: take tl.dot's smallest
-    M (16). Larger batches fill 64-row tiles. Untuned guesses; benchmark/moe_bench.py --sweep
-    measures the alternatives on a GPU."""
+    M (16). Larger batches fill 64-row tiles. Untuned guesses, which chapter 20 compares with
+    the alternatives on a GPU."""
     if num_pairs <= 16 * num_experts:
         return GemmConfig(block_m=16, block_n=64, block_k=64)
     return GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8)

@@ -8,24 +8,3 @@ from .linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from .moe import MoE
 from .norm import FusedAddRMSNorm, RMSNorm
 from .rotary import RotaryEmbedding, rope_inv_freq
-
-__all__ = [
-    "AttentionLayer",
-    "BaseOP",
-    "Embedding",
-    "FusedAddRMSNorm",
-    "LMHead",
-    "Linear",
-    "MergedLinear",
-    "MoE",
-    "OPList",
-    "QKVLinear",
-    "RMSNorm",
-    "RotaryEmbedding",
-    "RowParallelLinear",
-    "SiluAndMul",
-    "StatelessOP",
-    "meta_param",
-    "rope_inv_freq",
-    "vocab_shard",
-]

@@ -40,7 +40,3 @@ def check_tensor_parallel(path: str | Path, tp_size: int) -> None:
             create_model(ModelConfig.from_dir(path))
     finally:
         set_tp_info(previous)
-
-
-__all__ = ["MODELS", "CausalLM", "ModelConfig", "check_tensor_parallel", "create_model",
-           "load_model", "read_checkpoint"]

@@ -34,7 +34,3 @@ def resolve_moe_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
 
 def create_moe_backend(name: str) -> BaseMoEBackend:
     return MOE_BACKENDS.get(name)()
-
-
-__all__ = ["AUTO_ORDER", "MOE_BACKENDS", "BaseMoEBackend", "TorchMoEBackend", "TritonMoEBackend",
-           "create_moe_backend", "resolve_moe_backend", "select_experts"]

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from minisgl.models import MODELS, ModelConfig
 
 H200_HBM_BANDWIDTH = 4.8e12  # bytes/s: HBM3e, NVIDIA's H200 datasheet
-# bytes/s (read + written) a device-to-device copy reached on the H200 the book was measured on
-# (benchmark/kernel_bench.py's copy row: 134 MB in 33.44 us, 4.01 TB/s, 84% of the spec): a
-# tighter bound, as a kernel that streams its bytes once moves them no faster than a copy. One
-# size measured; a longer copy may go a little faster.
+# bytes/s (read + written) a device-to-device copy reaches on an H200, about 84% of the spec
+# (chapter 21): a tighter bound, as a kernel that streams its bytes once moves them no faster
+# than a copy.
 H200_COPY_BANDWIDTH = 4.0e12
 H200_BF16_PEAK = 989e12  # FLOP/s: dense bf16 tensor cores, H200 SXM datasheet
 DECODE_BUCKETS = (1, 8, 32, 64, 128, 256)  # upper ends of the decode batch-size buckets

@@ -1,0 +1,1 @@
+../../../steps/ch19_cuda_kernels/minisgl/attention/custom_decode.py
