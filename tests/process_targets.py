@@ -45,8 +45,8 @@ def report_start_up(*, status) -> None:
 
 
 def hold_peer(*, status, peer) -> None:
-    """Report ready and idle, holding one end of a pipe: the other end breaks when we die."""
-    status.ready(os.getpid())
+    """Idle, holding one end of a pipe: the other end breaks when we die. It reports nothing:
+    a child killed while it writes to the report queue would leave the queue's lock held."""
     time.sleep(60.0)
 
 
