@@ -117,6 +117,8 @@ class Outcome:
 
 async def kill_while_busy(url: str, victim_pid: int) -> tuple[list, httpx.Response | str,
                                                              tuple[int, dict] | str, float]:
+    """Open the requests, SIGKILL the victim once all of them are generating; what the streams,
+    the non-streaming request and the late request got, and when the kill was."""
     late = unfinished_post(url, "/v1/completions", {"prompt": "late", **REQUEST})
     limits = httpx.Limits(max_connections=STREAMS + 8)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
