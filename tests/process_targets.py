@@ -1,4 +1,4 @@
-"""Targets for the child-process tests (tests/test_tokenizer.py).
+"""Targets for the child-process tests (tests/test_tokenizer.py, tests/test_faults.py).
 
 A child rebuilds its target by importing it by name, so the targets are top-level functions of
 a module on sys.path. multiprocessing hands the parent's sys.path to the child (forkserver and
@@ -42,3 +42,16 @@ def report_start_up(*, status) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     status.ready({"cpu": usage.ru_utime + usage.ru_stime,
                   "env": os.environ.get("MINISGL_TEST_LATE_VARIABLE")})
+
+
+def hold_peer(*, status, peer) -> None:
+    """Idle, holding one end of a pipe: the other end breaks when we die. It reports nothing:
+    a child killed while it writes to the report queue would leave the queue's lock held."""
+    time.sleep(60.0)
+
+
+def fail_when_peer_dies(*, status, peer) -> None:
+    """Report ready, then wait on a pipe whose other end a peer holds: EOFError once the peer
+    dies, as a rank's all-reduce fails once the connection to another rank breaks."""
+    status.ready(os.getpid())
+    peer.recv()

@@ -559,6 +559,8 @@ def test_a_request_msgpack_cannot_carry_leaves_no_uid_waiting():
 class RecordingFrontend:
     """What Generation asks of the Frontend, written down."""
 
+    failure: str | None = None  # what Generation reads: the server has not failed
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
 

@@ -13,7 +13,8 @@ from minisgl.message import DetokenizeMsg, ExitMsg, UserMsg, batched, decode, en
 from minisgl.models import check_tensor_parallel
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
-from minisgl.utils.process import ReadyQueue, rendezvous_address, stop_processes, wait_ready
+from minisgl.utils.process import (ReadyQueue, first_exit, rendezvous_address, stop_processes,
+                                   wait_ready)
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 
@@ -50,6 +51,7 @@ class RankProcesses:
     and detokenizer, talking to rank 0 over ZMQ."""
 
     processes: list[BaseProcess]
+    status: ReadyQueue  # where they report, a traceback too
     to_rank0: PushQueue
     from_rank0: PullQueue
     max_seq_len: int
@@ -71,7 +73,8 @@ class RankProcesses:
             from_rank0.close()
             raise
         to_rank0 = PushQueue(addresses.inbox, bind=False, encode=encode)
-        return cls(processes, to_rank0, from_rank0, infos["scheduler-rank0"]["max_seq_len"])
+        return cls(processes, status, to_rank0, from_rank0,
+                   infos["scheduler-rank0"]["max_seq_len"])
 
     def add(self, requests: list[Request]) -> None:
         # One message: rank 0 takes them all into the same step, as the in-process scheduler
@@ -86,9 +89,8 @@ class RankProcesses:
 
     def tokens(self) -> list[TokenOutput]:
         while (message := self.from_rank0.get(timeout_ms=500)) is None:
-            if dead := [p for p in self.processes if p.exitcode is not None]:  # not a hang
-                raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}"
-                                             for p in dead))
+            if (exited := first_exit(self.processes, self.status)) is not None:  # not a hang
+                raise RuntimeError(f"{exited}\n{exited.traceback}".rstrip())
         out = []
         for msg in unbatch(message):
             assert isinstance(msg, DetokenizeMsg)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from minisgl.core import SamplingParams
 from minisgl.message import UserReply
+from minisgl.utils.process import ChildExit
 
 from .frontend import Frontend
 
@@ -40,18 +41,20 @@ async def _input(lines: asyncio.Queue) -> str:
     return line
 
 
-async def _next_reply(replies: asyncio.Queue, dead: Callable[[], list[str]]) -> UserReply | None:
+async def _next_reply(replies: asyncio.Queue,
+                      exited: Callable[[], ChildExit | None]) -> UserReply | None:
     """The next reply; None if a child process has died meanwhile (no reply would ever come)."""
     while True:
         try:
             return await asyncio.wait_for(replies.get(), 0.5)
         except asyncio.TimeoutError:
-            if gone := dead():
-                print(f"\n[error] {', '.join(gone)} exited; the shell stops")
+            if (gone := exited()) is not None:
+                print(f"\n[error] {gone}; the shell stops")
                 return None
 
 
-async def _chat(frontend: Frontend, max_seq_len: int, dead: Callable[[], list[str]]) -> bool:
+async def _chat(frontend: Frontend, max_seq_len: int,
+                exited: Callable[[], ChildExit | None]) -> bool:
     """False if it ended because a child process died."""
     loop = asyncio.get_running_loop()
     # Ctrl-C cancels this task. asyncio.run's own SIGINT handler is Python code that runs
@@ -84,7 +87,7 @@ async def _chat(frontend: Frontend, max_seq_len: int, dead: Callable[[], list[st
         answer, finished = [], False
         try:
             while not finished:
-                reply = await _next_reply(replies, dead)
+                reply = await _next_reply(replies, exited)
                 if reply is None:
                     return False
                 if reply.error:
@@ -104,12 +107,12 @@ async def _chat(frontend: Frontend, max_seq_len: int, dead: Callable[[], list[st
 
 
 def run_shell(tokenizer_inboxes: list[str], frontend_address: str, max_seq_len: int,
-              dead: Callable[[], list[str]]) -> bool:
-    """Until /exit, Ctrl-D or Ctrl-C (True), or until `dead()` names a child that has exited
+              exited: Callable[[], ChildExit | None]) -> bool:
+    """Until /exit, Ctrl-D or Ctrl-C (True), or until `exited()` names a child that has exited
     (False)."""
     frontend = Frontend(tokenizer_inboxes, frontend_address)
     try:
-        return asyncio.run(_chat(frontend, max_seq_len, dead))
+        return asyncio.run(_chat(frontend, max_seq_len, exited))
     # Ctrl-C: KeyboardInterrupt before _chat's handler is in place, CancelledError after.
     except (KeyboardInterrupt, asyncio.CancelledError):
         print()

@@ -1,21 +1,25 @@
 """Child processes of a server: start them, wait until each reports ready, stop them all.
 
 Every child reports through one queue: ("ready", name, info) once it can serve, or
-("failed", name, traceback) if it raised while starting. So the launcher can tell "still
-loading" from "dead" and never waits forever on a child that is gone.
+("failed", name, traceback) if it raised, while starting or later. So the launcher can tell
+"still loading" from "dead" and never waits forever on a child that is gone; and once one has
+died while serving, it can say which one ended the run, and how, in one line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -43,7 +47,10 @@ class Reporter:
         self._queue.put(("ready", self.name, info))
 
     def failed(self, error: str) -> None:
+        """Report a traceback; returns once it is in the pipe, as the caller exits next."""
         self._queue.put(("failed", self.name, error))
+        self._queue.close()
+        self._queue.join_thread()
 
 
 class ReadyQueue:
@@ -51,6 +58,7 @@ class ReadyQueue:
 
     def __init__(self) -> None:
         self._queue = _CTX.Queue()
+        self.failures: dict[str, str] = {}  # tracebacks reported after start-up, by name, in order
 
     def reporter(self, name: str) -> Reporter:
         return Reporter(self._queue, name)
@@ -60,6 +68,65 @@ class ReadyQueue:
             return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def collect_failures(self) -> dict[str, str]:
+        """`failures`, with the reports that have come since it was last called."""
+        while (report := self.get(timeout=0)) is not None:
+            if report[0] == "failed":
+                self.failures[report[1]] = report[2]
+        return self.failures
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How a child process ended: its name, its exit code, and its traceback if it raised."""
+
+    name: str
+    exitcode: int
+    traceback: str = ""
+
+    def __str__(self) -> str:
+        """One line: "scheduler-rank1 was killed by SIGKILL", "tokenizer-0 exited with code 1
+        (ValueError: ...)"."""
+        how = (f"was killed by {_signal_name(-self.exitcode)}" if self.exitcode < 0
+               else f"exited with code {self.exitcode}")
+        error = self.traceback.strip().splitlines()[-1:]  # the exception's own line
+        return f"{self.name} {how}" + (f" ({error[0]})" if error else "")
+
+
+def first_exit(processes: list[BaseProcess], status: ReadyQueue) -> ChildExit | None:
+    """The child whose exit ended the run, or None while all are running. A child that raised
+    because another one died (a rank whose peer's connection broke) did not cause anything:
+    children that died without a traceback come first (killed: they could not report), then
+    those that raised, in the order their reports came."""
+    dead = {p.name: p.exitcode for p in processes if p.exitcode is not None}
+    if not dead:
+        return None
+    failures = status.collect_failures()
+    silent = [name for name in dead if name not in failures]
+    name = silent[0] if silent else next(n for n in failures if n in dead)
+    return ChildExit(name, dead[name], failures.get(name, ""))
+
+
+async def wait_for_exit(processes: list[BaseProcess]) -> None:
+    """Returns once any of `processes` has exited. A process's sentinel becomes readable when
+    it exits, so the event loop is woken by the kernel, at once, and polls nothing."""
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+    for p in processes:
+        loop.add_reader(p.sentinel, exited.set)
+    try:
+        await exited.wait()
+    finally:
+        for p in processes:
+            loop.remove_reader(p.sentinel)
 
 
 def _exit_with_launcher() -> None:
@@ -89,8 +156,14 @@ def _child_main(target: Callable[..., None], environ: dict[str, str], kwargs: di
     try:
         target(**kwargs, status=status)
     except Exception:
+        # Reported, not printed: the launcher prints it if this failure is what ended the run.
+        # One caused by another child's death (a broken connection) would bury the line that
+        # names the cause. No interpreter teardown after a failure: it only adds noise
+        # (extension modules reporting leaks) or hangs (a broken process group).
         status.failed(traceback.format_exc())
-        raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def start_process(target: Callable[..., None], name: str, status: ReadyQueue,

@@ -18,7 +18,7 @@ from minisgl.message import UserReply
 from minisgl.tokenizer import StopMatcher
 from minisgl.utils import trace
 
-from .frontend import Frontend
+from .frontend import Frontend, ServerFailed
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, SamplingFields,
                        completion_body, usage)
 
@@ -43,8 +43,17 @@ class Generation:
 
     async def _next(self, client_gone: Callable[[], Awaitable[bool]] | None
                     ) -> UserReply | None:
-        """The next reply, or None once `client_gone` says so. It is asked every
-        CHECK_CLIENT_S even while replies keep coming: a busy request must notice too."""
+        """The next reply, or None once `client_gone` says so; raises ServerFailed if a process
+        of the server has died."""
+        reply = await self._wait(client_gone)
+        if isinstance(reply, ServerFailed):
+            raise reply
+        return reply
+
+    async def _wait(self, client_gone: Callable[[], Awaitable[bool]] | None
+                    ) -> UserReply | ServerFailed | None:
+        """What comes next. `client_gone` is asked every CHECK_CLIENT_S even while replies
+        keep coming: a busy request must notice too."""
         if client_gone is None:  # streaming: Starlette watches the client for us
             return await self.queue.get()
         while True:
@@ -79,7 +88,9 @@ class Generation:
         one piece: one chunk costs the same JSON encoding, SSE event and socket write whether
         it carries one token or ten, so a stream catches up instead of falling further back."""
         replies = [reply]
-        while not replies[-1].finished and not self.queue.empty():
+        # Once the server has failed, a ServerFailed waits in the queue: _next raises it.
+        while (not replies[-1].finished and not self.queue.empty()
+               and self.frontend.failure is None):
             replies.append(self.queue.get_nowait())
         return replies
 
@@ -142,14 +153,21 @@ def _sse(body: dict[str, Any]) -> str:
 async def _events(gen: Generation, model_name: str, chat: bool,
                   include_usage: bool) -> AsyncIterator[str]:
     """A streamed answer as server-sent events: the role (chat only), one chunk per piece of
-    text, the finish reason, the usage if asked for, and [DONE]."""
+    text, the finish reason, the usage if asked for, and [DONE]. If a process of the server
+    dies meanwhile, the stream ends with an OpenAI error object and [DONE]: the status line
+    has gone out already, and a reader that waits for [DONE] must not wait forever."""
     if chat:  # the first chunk of a chat stream names the role, and only that one
         first = completion_body(gen.uid, model_name, True, "", None, True)
         first["choices"][0]["delta"]["role"] = "assistant"
         yield _sse(first)
-    async for piece in gen.pieces():
-        trace.instant("sse_write", uid=gen.uid, text=piece)
-        yield _sse(completion_body(gen.uid, model_name, chat, piece, None, True))
+    try:
+        async for piece in gen.pieces():
+            trace.instant("sse_write", uid=gen.uid, text=piece)
+            yield _sse(completion_body(gen.uid, model_name, chat, piece, None, True))
+    except ServerFailed as e:
+        yield _sse(e.body())
+        yield "data: [DONE]\n\n"
+        return
     trace.instant("http_done", uid=gen.uid, finish_reason=gen.finish_reason)
     yield _sse(completion_body(gen.uid, model_name, chat, "", gen.finish_reason, True))
     if include_usage:
@@ -244,6 +262,8 @@ def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
 
     @app.get("/health")
     async def health() -> dict:
+        if frontend.failure is not None:  # 503: a load balancer sends nothing more here
+            raise ServerFailed(frontend.failure)
         return {"status": "ok"}
 
     @app.get("/stats")

@@ -12,6 +12,16 @@ from minisgl.message import (AbortMsg, Message, StatsMsg, StatsReply, TokenizeMs
 from minisgl.utils import trace
 from minisgl.utils.zmq_queue import PullQueue, PushQueue
 
+from .protocol import APIError
+
+
+class ServerFailed(APIError):
+    """A process of the server has died: no request will be answered, now or later. 503: the
+    client may try another server, or this one once it has been started again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503, kind="server_error")
+
 
 class Frontend:
     """Lives in the event loop's thread, except for one listener thread that only receives.
@@ -23,11 +33,12 @@ class Frontend:
     def __init__(self, tokenizer_inboxes: list[str], frontend: str) -> None:
         self.to_tokenizers = [PushQueue(a, bind=False, encode=encode) for a in tokenizer_inboxes]
         self.replies = PullQueue(frontend, bind=True, decode=decode)
-        self.waiting: dict[int, asyncio.Queue[UserReply | StatsReply]] = {}
+        self.waiting: dict[int, asyncio.Queue[UserReply | StatsReply | ServerFailed]] = {}
         self.next_uid = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped = threading.Event()
         self.listener: threading.Thread | None = None
+        self.failure: str | None = None  # why nothing can be answered any more (see fail)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -50,7 +61,9 @@ class Frontend:
                 queue.put_nowait(reply)
 
     def _send(self, uid: int, message: Message) -> None:
-        if not self.stopped.is_set():  # a request cancelled at shutdown has nowhere to go
+        # Nothing goes out at shutdown (nowhere to go) or after a failure (the tokenizer may be
+        # the process that died).
+        if not self.stopped.is_set() and self.failure is None:
             queue = self.to_tokenizers[uid % len(self.to_tokenizers)]
             trace.messages("send", [message], queue.address)  # before: it cannot arrive first
             queue.put(message)
@@ -63,7 +76,9 @@ class Frontend:
     def submit(self, prompt: str | list[dict[str, str]], params: SamplingParams,
                fit_to_context: bool = False) -> tuple[int, asyncio.Queue]:
         """Send a request; its UserReplies arrive on the returned queue, the last one with
-        finished=True. The caller must call done(uid) once it stops reading."""
+        finished=True, or a ServerFailed. The caller must call done(uid) once it stops reading."""
+        if self.failure is not None:
+            raise ServerFailed(self.failure)
         uid, queue = self._new_uid()
         try:
             self._send(uid, TokenizeMsg(uid, prompt, params, fit_to_context))
@@ -87,8 +102,18 @@ class Frontend:
             reply = await queue.get()
         finally:
             self.done(uid)
+        if isinstance(reply, ServerFailed):
+            raise reply
         assert isinstance(reply, StatsReply)
         return reply.stats
+
+    def fail(self, reason: str) -> int:
+        """A process of the server has died: every waiting request gets a ServerFailed after
+        the replies already queued for it, and every later one at once. How many waited."""
+        self.failure = reason
+        for queue in self.waiting.values():
+            queue.put_nowait(ServerFailed(reason))
+        return len(self.waiting)
 
     def close(self) -> None:
         self.stopped.set()

@@ -22,8 +22,8 @@ import uvicorn
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.tokenizer import run_tokenizer
 from minisgl.utils import trace
-from minisgl.utils.process import (ReadyQueue, rendezvous_address, start_process,
-                                   stop_processes, wait_ready)
+from minisgl.utils.process import (ChildExit, ReadyQueue, first_exit, rendezvous_address,
+                                   start_process, stop_processes, wait_for_exit, wait_ready)
 from minisgl.utils.zmq_queue import ipc_address, new_run_id
 
 from .api_server import create_app
@@ -34,18 +34,25 @@ from .shell import run_shell
 
 @dataclass
 class Backend:
-    """The child processes and the addresses the API server talks to."""
+    """The child processes, where they report, and the addresses the API server talks to."""
 
     processes: list[BaseProcess]
+    status: ReadyQueue
     tokenizer_inboxes: list[str]
     frontend: str
     max_seq_len: int
     run_id: str
 
-    def dead(self) -> list[str]:
-        """The children that have exited, with their exit codes: once serving, any is fatal."""
-        return [f"{p.name} (exit code {p.exitcode})" for p in self.processes
-                if p.exitcode is not None]
+    def exited(self) -> ChildExit | None:
+        """The child whose exit ended the run; None while all are running. Once serving,
+        any exit is fatal: nothing else can do that child's part."""
+        return first_exit(self.processes, self.status)
+
+    async def wait_exit(self) -> ChildExit:
+        await wait_for_exit(self.processes)
+        exited = self.exited()
+        assert exited is not None
+        return exited
 
     def stop(self) -> None:
         stop_processes(self.processes)
@@ -64,7 +71,7 @@ def start_backend(args: ServerArgs) -> Backend:
     inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
     detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
     status = ReadyQueue()
-    backend = Backend([], inboxes, frontend, 0, run_id)
+    backend = Backend([], status, inboxes, frontend, 0, run_id)
     names = [f"tokenizer-{i}" for i in range(len(inboxes))]
     if args.num_tokenizer > 0:
         inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
@@ -112,7 +119,8 @@ class _Server(uvicorn.Server):
 def serve(args: ServerArgs, backend: Backend) -> bool:
     """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
     child process dies: then nothing could answer any more, and waiting would hang every
-    client. False in that case."""
+    client. Every open request gets an error at once, and so does every request that comes
+    before the server has closed its socket. False in that case."""
     frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
     server: _Server | None = None
 
@@ -121,16 +129,21 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
             await asyncio.sleep(0.05)
         print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, server.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
-        while not (dead := backend.dead()):
-            await asyncio.sleep(0.5)
-        print(f"minisgl: {', '.join(dead)} exited; shutting down", file=sys.stderr, flush=True)
+        exited = await backend.wait_exit()
+        if server.should_exit:  # stopping already: a signal to the whole group ends them too
+            return
+        failed = frontend.fail(f"the server is stopping: {exited}")
+        print(f"minisgl: {exited}; {failed} open requests end with an error; shutting down",
+              file=sys.stderr, flush=True)
+        if exited.traceback:  # its own, printed once: an exception in our code
+            print(exited.traceback, file=sys.stderr, end="", flush=True)
         server.should_exit = True
 
     app = create_app(frontend, args.model_name, backend.max_seq_len, on_ready=watch)
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=3))
     server.run()
-    return not backend.dead()
+    return frontend.failure is None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +172,7 @@ def _run(args: ServerArgs) -> int:
     try:
         if args.shell:
             healthy = run_shell(backend.tokenizer_inboxes, backend.frontend,
-                                backend.max_seq_len, backend.dead)
+                                backend.max_seq_len, backend.exited)
         else:
             healthy = serve(args, backend)
     except KeyboardInterrupt:
