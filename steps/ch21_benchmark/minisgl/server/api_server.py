@@ -18,7 +18,7 @@ from minisgl.message import UserReply
 from minisgl.tokenizer import StopMatcher
 from minisgl.utils import trace
 
-from .frontend import Frontend
+from .frontend import Frontend, Overloaded
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, SamplingFields,
                        completion_body, usage)
 
@@ -194,8 +194,13 @@ async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
     return await _api_error(request, APIError(str(e.detail), status=e.status_code, kind=kind))
 
 
+async def _overloaded(request: Request, e: Overloaded) -> JSONResponse:
+    # 503: the request was fine and may succeed later (OpenAI's clients retry it by themselves).
+    return await _api_error(request, APIError(str(e), status=503, kind="server_error"))
+
+
 ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid_body,
-                  HTTPException: _http_error}
+                  HTTPException: _http_error, Overloaded: _overloaded}
 
 
 def create_app(frontend: Frontend, model_name: str, max_seq_len: int,

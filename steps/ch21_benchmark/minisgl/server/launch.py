@@ -114,7 +114,7 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
     """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
     child process dies: then nothing could answer any more, and waiting would hang every
     client. False in that case."""
-    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
+    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend, args.max_queued_req)
     server: _Server | None = None
 
     async def watch() -> None:
