@@ -194,7 +194,8 @@ class SchedulerLoop:
                              f"waiting): {type(e).__name__}: {error}") from e
 
     def stats(self) -> dict[str, int]:
-        return {**self.scheduler.stats(),
+        # evicted_pages: prefix-cache pages given to other requests since the start.
+        return {**self.scheduler.stats(), "evicted_pages": self.scheduler.cache.evicted_pages,
                 **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
 
 
