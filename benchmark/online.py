@@ -293,11 +293,14 @@ class Server:
     is left running whatever happens."""
 
     def __init__(self, argv: list[str], threads: int | None = None,
-                 engine: Path = ROOT / "python") -> None:
+                 engine: Path = ROOT / "python", env: dict[str, str] | None = None,
+                 keep_lines: int | None = 200) -> None:
+        """`env`: variables to add to the server's environment; `keep_lines`: how many of its
+        last output lines `lines` keeps (None: all)."""
         self.argv, self.url = argv, ""  # the URL its ready line names (--port 0: any free port)
-        self.lines: collections.deque[str] = collections.deque(maxlen=200)
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.ready = threading.Event()
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         # Serve the engine of the repository this script belongs to (or --engine-path), not
