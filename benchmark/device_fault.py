@@ -32,7 +32,7 @@ from pathlib import Path
 
 from online import Server
 from process_cpu import descendants
-from report import machine_line
+from report import machine_line, run_to_exit_code
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3"))
+    p.add_argument("--model", default="models/tiny-qwen3",
+                   help="checkpoint directory; a relative path starts at the repository")
     p.add_argument("--device", default=None, help="the server's (default: its own choice)")
     p.add_argument("--step", type=int, default=40, help="the scheduler step that faults")
     p.add_argument("--streams", type=int, default=8)
@@ -174,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
     print(machine_line())
-    print("$ python benchmark/device_fault.py " + " ".join(map(shlex.quote, argv)), flush=True)
-    failures = run(args)
+    print(" ".join(["$ python benchmark/device_fault.py", *map(shlex.quote, argv)]), flush=True)
+    return run_to_exit_code(lambda: finish(run(args)))
+
+
+def finish(failures: list[str]) -> int:
     print("结论：" + ("干净地收场" if not failures else "；".join(failures)))
     return 0 if not failures else 1
 

@@ -29,14 +29,14 @@ import asyncio
 import json
 import random
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from online import Server, percentile, random_text, single_token_words, stop_server
-from report import aligned, machine_line
+from online import (Server, every_page_back, percentile, random_text, single_token_words,
+                    stop_server, wait_idle)
+from report import aligned, machine_line, run_to_exit_code
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,19 +71,6 @@ async def watch(http, stop: asyncio.Event, seen: dict[str, int]) -> None:
             await asyncio.wait_for(stop.wait(), 0.2)
         except asyncio.TimeoutError:
             pass
-
-
-async def wait_idle(http, timeout: float = 30.0) -> dict[str, int]:
-    """/stats once nothing runs or waits and every page is free or cached, or after `timeout`
-    (a request that finished in the batch in flight gives its pages back a step later)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = (await http.get("/stats")).json()
-        if ((stats["running"], stats["waiting"], stats["locked_pages"]) == (0, 0, 0)
-                and stats["free_pages"] + stats["cached_pages"] == stats["num_pages"]
-                or time.monotonic() > deadline):
-            return stats
-        await asyncio.sleep(0.2)
 
 
 async def burst(url: str, prompts: list[str], output_len: int
@@ -150,8 +137,7 @@ def run_bound(args: argparse.Namespace, prompts: list[str], bound: int) -> dict:
     finally:
         stop_server(server)
     counts, problems = judge(answers, args.output_len, bound)
-    if not ((idle["running"], idle["waiting"], idle["locked_pages"]) == (0, 0, 0)
-            and idle["free_pages"] + idle["cached_pages"] == idle["num_pages"]):
+    if not every_page_back(idle):
         problems.append(f"KV 页没有全部回来：{idle}")
     return {"bound": bound, "seconds": seconds, "seen": seen, "idle": idle, **counts,
             "problems": problems}
@@ -172,7 +158,8 @@ def table(runs: list[dict]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3"))
+    p.add_argument("--model", default="models/tiny-qwen3",
+                   help="checkpoint directory; a relative path starts at the repository")
     p.add_argument("--requests", type=int, default=2000, help="sent at once")
     p.add_argument("--input-len", type=int, default=32, help="prompt tokens of every request")
     p.add_argument("--output-len", type=int, default=16, help="answer tokens of every request")
@@ -194,31 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers import AutoTokenizer
 
-    words = single_token_words(AutoTokenizer.from_pretrained(args.model))
+    words = single_token_words(AutoTokenizer.from_pretrained(ROOT / args.model))
     rng = random.Random(args.seed)  # distinct prompts: no prefix is shared
     prompts = [random_text(rng, words, args.input_len) for _ in range(args.requests)]
     print(machine_line())
-    print("$ python benchmark/overload.py " + " ".join(map(shlex.quote, argv)))
+    print(" ".join(["$ python benchmark/overload.py", *map(shlex.quote, argv)]))
     need = args.requests * (args.input_len + args.output_len)
     print(f"{args.requests:,} 个请求同时发出，每个提示词 {args.input_len}、输出 {args.output_len} 个 "
           f"token，模型 {Path(args.model).name}；KV 池 {args.num_pages:,} 页（页大小 1），一次装得下 "
           f"{args.num_pages // (args.input_len + args.output_len):,} 个请求，全部要 {need:,} 页",
           flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwinds through the `finally`s
-    try:
-        runs = [run_bound(args, prompts, bound) for bound in args.bounds]
-    except KeyboardInterrupt:
-        print("中断：服务器已停止", file=sys.stderr)
-        return 130
-    except RuntimeError as e:
-        print(f"失败：{e}", file=sys.stderr)
-        return 1
+    return run_to_exit_code(lambda: finish([run_bound(args, prompts, b) for b in args.bounds]))
+
+
+def finish(runs: list[dict]) -> int:
+    """Print the runs and the verdict; the exit code."""
     print(table(runs))
-    problems = [f"--max-queued-req {run['bound']:,}：{p}" for run in runs for p in run["problems"]]
     for run in runs:
         if run["refused_example"]:
             print(f"--max-queued-req {run['bound']:,} 的 503 之一："
                   f"{json.dumps(run['refused_example'], ensure_ascii=False)}")
+    problems = [f"--max-queued-req {run['bound']:,}：{p}" for run in runs for p in run["problems"]]
     print("结论：" + ("全部通过" if not problems else "；".join(problems)))
     return 0 if not problems else 1
 

@@ -45,16 +45,16 @@ import json
 import os
 import random
 import shlex
-import signal
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from online import Request, Server, prompt_ids, random_text, single_token_words, stop_server
+from online import (Request, Server, every_page_back, prompt_ids, random_text,
+                    single_token_words, stop_server, wait_idle)
 from process_cpu import server_processes
-from report import machine_line, save
+from report import machine_line, run_to_exit_code, save
 
 ROOT = Path(__file__).resolve().parent.parent
 # The names the plot uses (its machine may have no CJK font).
@@ -248,21 +248,6 @@ async def get_stats(http) -> dict[str, int]:
     return r.json()
 
 
-async def wait_idle(http, timeout: float) -> dict[str, int]:
-    """/stats once no request runs or waits and every page is free or cached (a request that
-    finished in the batch in flight gives its pages back a step later); the last /stats if
-    that does not come within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = await get_stats(http)
-        if (stats["running"] == stats["waiting"] == stats["locked_pages"] == 0
-                and stats["free_pages"] + stats["cached_pages"] == stats["num_pages"]):
-            return stats
-        if time.monotonic() > deadline:
-            return stats
-        await asyncio.sleep(0.2)
-
-
 async def settled_fds(processes: dict[str, int], baseline: dict[str, int],
                       timeout: float = 10.0) -> dict[str, int]:
     """Open fds per process once they equal `baseline` (a closed connection's socket goes a
@@ -297,8 +282,7 @@ def verdict(report: dict) -> list[str]:
     o, end = report["options"], report["end"]
     failures = []
     stats = end["stats"]
-    if not (stats["running"] == stats["waiting"] == stats["locked_pages"] == 0
-            and stats["free_pages"] + stats["cached_pages"] == stats["num_pages"]):
+    if not every_page_back(stats):
         failures.append(f"KV 页没有全部回来：{stats}")
     if report["tally"]["error_count"]:
         failures.append(f"{report['tally']['error_count']} 个请求出错（要求的拒绝之外）")
@@ -448,7 +432,8 @@ def plot(report: dict, path: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3"))
+    p.add_argument("--model", default="models/tiny-qwen3",
+                   help="checkpoint directory; a relative path starts at the repository")
     p.add_argument("--duration", type=float, default=1200.0, help="seconds of load")
     p.add_argument("--warm-up", type=float, default=None,
                    help="seconds at the start that the memory check leaves out "
@@ -481,7 +466,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Start the server, soak it, stop it: the report, verdict included."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / args.model)
     words = single_token_words(tokenizer)
     rng = random.Random(f"{args.seed}:prefixes")
     mix = Mix([random_text(rng, words, args.prefix_len) for _ in range(args.prefixes)],
@@ -515,17 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_up is None:
         args.warm_up = args.duration / 4
     print(machine_line())
-    print("$ python benchmark/soak.py " + " ".join(map(shlex.quote, argv)), flush=True)
-    # SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through run()'s `finally`.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        report = run(args, argv)
-    except KeyboardInterrupt:
-        print("中断：服务器已停止", file=sys.stderr)
-        return 130
-    except RuntimeError as e:
-        print(f"失败：{e}", file=sys.stderr)
-        return 1
+    print(" ".join(["$ python benchmark/soak.py", *map(shlex.quote, argv)]), flush=True)
+    return run_to_exit_code(lambda: finish(run(args, argv), args))
+
+
+def finish(report: dict, args: argparse.Namespace) -> int:
+    """Print and save the report; the exit code."""
     print_report(report)
     save(report, args.json, args.plot, plot)
     return 0 if not report["failures"] else 1

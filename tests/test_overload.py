@@ -136,3 +136,11 @@ def test_requests_beyond_the_bound_get_503_and_the_accepted_one_completes():
             server.stop()
     assert code == 0, server.output
     assert not wait_all_gone(server.children, timeout=5.0)
+
+
+def test_help_documents_the_queue_bound_and_its_default():
+    from minisgl.server.args import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "--max-queued-req MAX_QUEUED_REQ" in text
+    assert "answers one more at once with 503 (default: 4096)" in text
