@@ -4,8 +4,9 @@
 服务器的 KV 池开小（--num-pages），每个请求的提示词和输出长度固定（--input-len、--output-len，
 ignore_eos），所以池子一次只装得下 num_pages ÷ (input-len + output-len) 个请求，其余的在调度器的
 队列里等页面空出来。对 --bounds 里的每个值（服务器的 --max-queued-req：最多多少个请求在等第一个
-token）起一次服务器，把全部请求同时发出（asyncio + httpx，不限连接数，不重试），一边每 0.2 秒
-读一次 /stats（在跑的、排队的请求数，空闲页），一边等每个请求的答复，然后检查：
+token）起一次服务器，先同时发出同样多个 GET /health（API Server 接下这么多连接、答一个最简单
+的请求要多久：503 快不过它），再把全部请求同时发出（asyncio + httpx，一个请求一个连接，不重试），
+一边每 0.2 秒读一次 /stats（在跑的、排队的请求数，空闲页），一边等每个请求的答复，然后检查：
 
   - 每个请求都有答复：200，或者 503——没有第三种结果，没有悄悄丢掉的请求；
   - 每个 200 的输出正好 --output-len 个 token（被接受的全部做完）；
@@ -59,30 +60,61 @@ async def post(http, body: dict) -> Answer:
     return Answer(r.status_code, time.perf_counter() - start, parsed)
 
 
-async def watch(http, stop: asyncio.Event, seen: dict[str, int]) -> None:
+async def watch(url: str, ready: asyncio.Event, stop: asyncio.Event,
+                seen: dict[str, int]) -> None:
     """Every 0.2 s until `stop`: the largest number of requests running and waiting, and the
-    fewest free pages, the scheduler reported."""
-    while not stop.is_set():
-        stats = (await http.get("/stats")).json()
-        seen["running"] = max(seen.get("running", 0), stats["running"])
-        seen["waiting"] = max(seen.get("waiting", 0), stats["waiting"])
-        seen["free_pages"] = min(seen.get("free_pages", stats["num_pages"]), stats["free_pages"])
-        try:
-            await asyncio.wait_for(stop.wait(), 0.2)
-        except asyncio.TimeoutError:
-            pass
-
-
-async def burst(url: str, prompts: list[str], output_len: int
-                ) -> tuple[list[Answer], float, dict[str, int], dict[str, int]]:
-    """Send every prompt at once; the answers, the seconds until the last, what /stats showed
-    meanwhile, and /stats once the server is idle again."""
+    fewest free pages, the scheduler reported. On a connection of its own, open (`ready`)
+    before the burst starts: a new one would wait behind the burst's to be accepted."""
     import httpx
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=None) as http:
+        while not stop.is_set():
+            try:
+                stats = (await http.get("/stats")).json()
+            except httpx.TransportError:  # closed by the server's keep-alive timeout: again
+                continue
+            ready.set()
+            note(seen, stats)
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+
+
+def note(seen: dict[str, int], stats: dict[str, int]) -> None:
+    seen["running"] = max(seen.get("running", 0), stats["running"])
+    seen["waiting"] = max(seen.get("waiting", 0), stats["waiting"])
+    seen["free_pages"] = min(seen.get("free_pages", stats["num_pages"]), stats["free_pages"])
+
+
+@dataclass
+class Burst:
+    answers: list[Answer]
+    seconds: float  # until the last answer
+    seen: dict[str, int]  # the most running and waiting, the fewest free pages, meanwhile
+    idle: dict[str, int]  # /stats once the server is idle again
+    health_s: list[float]  # as many GET /health at once, before: what any answer costs
+
+
+async def seconds_to_answer(http, path: str) -> float:
+    start = time.perf_counter()
+    (await http.get(path)).raise_for_status()
+    return time.perf_counter() - start
+
+
+async def burst(url: str, prompts: list[str], output_len: int) -> Burst:
+    """First as many GET /health at once as there are prompts (how fast the API server
+    answers anything), then every prompt at once, watching /stats."""
+    import httpx
+
+    # A connection per request, as from 2,000 clients; none is reused, so none can be closed
+    # by the server's keep-alive timeout just as a request goes out on it.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
-        stop, seen = asyncio.Event(), {}
-        watcher = asyncio.create_task(watch(http, stop, seen))
+        health = await asyncio.gather(*[seconds_to_answer(http, "/health") for _ in prompts])
+        ready, stop, seen = asyncio.Event(), asyncio.Event(), {}
+        watcher = asyncio.create_task(watch(url, ready, stop, seen))
+        await ready.wait()
         start = time.perf_counter()
         answers = await asyncio.gather(*[post(http, {
             "prompt": p, "max_tokens": output_len, "ignore_eos": True, "temperature": 0})
@@ -90,7 +122,7 @@ async def burst(url: str, prompts: list[str], output_len: int
         seconds = time.perf_counter() - start
         stop.set()
         await watcher
-        return answers, seconds, seen, await wait_idle(http)
+        return Burst(answers, seconds, seen, await wait_idle(http), health)
 
 
 def judge(answers: list[Answer], output_len: int, bound: int) -> tuple[dict, list[str]]:
@@ -131,25 +163,26 @@ def run_bound(args: argparse.Namespace, prompts: list[str], bound: int) -> dict:
     server = Server(argv, args.server_threads)
     try:
         server.wait_ready(args.startup_timeout)
-        answers, seconds, seen, idle = asyncio.run(burst(server.url, prompts, args.output_len))
+        run = asyncio.run(burst(server.url, prompts, args.output_len))
         if not server.alive():
             raise RuntimeError(f"服务器在过载中退出了：\n{server.tail()}")
     finally:
         stop_server(server)
-    counts, problems = judge(answers, args.output_len, bound)
-    if not every_page_back(idle):
-        problems.append(f"KV 页没有全部回来：{idle}")
-    return {"bound": bound, "seconds": seconds, "seen": seen, "idle": idle, **counts,
-            "problems": problems}
+    counts, problems = judge(run.answers, args.output_len, bound)
+    if not every_page_back(run.idle):
+        problems.append(f"KV 页没有全部回来：{run.idle}")
+    return {"bound": bound, "seconds": run.seconds, "seen": run.seen, "idle": run.idle,
+            "health_s": run.health_s, **counts, "problems": problems}
 
 
 def table(runs: list[dict]) -> str:
     rows = [["--max-queued-req", "发出", "完成", "503", "其他", "用时", "完成的用时 ms p50/99/max",
-             "503 的用时 ms p50/99/max", "最多在跑", "最多排队", "最少空闲页"]]
+             "503 的用时 ms p50/99/max", "同样多的 /health", "最多在跑", "最多排队", "最少空闲页"]]
     for run in runs:
         rows.append([f"{run['bound']:,}", f"{run['sent']:,}", f"{run['completed']:,}",
                      f"{run['refused']:,}", f"{run['other']:,}", f"{run['seconds']:.1f}s",
                      quantiles(run["ok_s"]), quantiles(run["refused_s"]),
+                     quantiles(run["health_s"]),
                      f"{run['seen'].get('running', 0):,}", f"{run['seen'].get('waiting', 0):,}",
                      f"{run['seen'].get('free_pages', 0):,}"])
     return aligned(rows)
