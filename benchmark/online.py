@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING
 
 import pyspy
 from process_cpu import busiest_threads, server_processes, snapshot, thread_seconds
-from report import aligned, machine_line, save
+from report import aligned, machine_line, run_to_exit_code, save
 
 if TYPE_CHECKING:
     import httpx
@@ -293,11 +293,14 @@ class Server:
     is left running whatever happens."""
 
     def __init__(self, argv: list[str], threads: int | None = None,
-                 engine: Path = ROOT / "python") -> None:
+                 engine: Path = ROOT / "python", env: dict[str, str] | None = None,
+                 keep_lines: int | None = 200) -> None:
+        """`env`: variables to add to the server's environment; `keep_lines`: how many of its
+        last output lines `lines` keeps (None: all)."""
         self.argv, self.url = argv, ""  # the URL its ready line names (--port 0: any free port)
-        self.lines: collections.deque[str] = collections.deque(maxlen=200)
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.ready = threading.Event()
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         # Serve the engine of the repository this script belongs to (or --engine-path), not
@@ -628,6 +631,25 @@ def table(runs: list[dict]) -> str:
 def slug(text: str) -> str:
     """A file-name-safe form of a run or process label."""
     return re.sub(r"[^0-9A-Za-z._-]+", "_", text.replace("速率 ", "rate-")).strip("_")
+
+
+def every_page_back(stats: dict[str, int]) -> bool:
+    """/stats of a server with nothing running or waiting and every KV page free or cached."""
+    return ((stats["running"], stats["waiting"], stats["locked_pages"]) == (0, 0, 0)
+            and stats["free_pages"] + stats["cached_pages"] == stats["num_pages"])
+
+
+async def wait_idle(http: httpx.AsyncClient, timeout: float = 30.0) -> dict[str, int]:
+    """/stats once every_page_back holds (a request that finished in the batch in flight gives
+    its pages back a step later), or the last one after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = await http.get("/stats")
+        r.raise_for_status()
+        stats = r.json()
+        if every_page_back(stats) or time.monotonic() > deadline:
+            return stats
+        await asyncio.sleep(0.2)
 
 
 def scheduler_counters(base_url: str) -> dict[str, int]:
@@ -1051,24 +1073,23 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     words = single_token_words(tokenizer)
     header = print_workload(args, argv, tokenizer, words)
-    model_name = Path(args.model).name
-    # SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through the `finally` below.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        if args.url:
-            model_name = served_model(args.url)
-            runs = measure(args, words, args.url.rstrip("/"), model_name, None, {})
-        else:
-            runs = measure_own_servers(args, words, model_name)
-    except KeyboardInterrupt:
-        print("中断：服务器已停止", file=sys.stderr)
-        return 130
-    except RuntimeError as e:
-        print(f"失败：{e}", file=sys.stderr)
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
+              "workload": args.workload,
+              "options": {k: (list(map(str, v)) if k == "rates" else
+                              str(v) if isinstance(v, Path) else v)
+                          for k, v in vars(args).items()}}
+    return run_to_exit_code(lambda: measure_and_report(args, gpu, tokenizer, words, report))
 
+
+def measure_and_report(args: argparse.Namespace, gpu: bool, tokenizer, words: list[str],
+                       report: dict) -> int:
+    """Measure, print the tables (and what the options ask for), save; the exit code."""
+    if args.url:
+        model_name = served_model(args.url)
+        runs = measure(args, words, args.url.rstrip("/"), model_name, None, {})
+    else:
+        model_name = Path(args.model).name
+        runs = measure_own_servers(args, words, model_name)
     print_tables(runs)
     offline: list[dict] = []
     if args.compare_offline:
@@ -1082,15 +1103,9 @@ def main(argv: list[str] | None = None) -> int:
             print(pyspy.summary(path, top=15))
     if args.compare_cache:
         print_cache_comparison(runs, args.rates)
-    report = {"machine": header, "argv": sys.argv[1:] if argv is None else argv,
-              "model": model_name, "workload": args.workload,
-              "options": {k: (list(map(str, v)) if k == "rates" else
-                              str(v) if isinstance(v, Path) else v)
-                          for k, v in vars(args).items()},
-              "runs": runs, "offline": offline}
-    save(report, args.json, args.plot, plot)
+    save({**report, "model": model_name, "runs": runs, "offline": offline}, args.json,
+         args.plot, plot)
     return 0 if all(run["failed"] == 0 for run in runs) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

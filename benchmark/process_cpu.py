@@ -65,6 +65,16 @@ def children(pid: int) -> list[int]:
     return [child for _, child in sorted(found)]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, helpers included: its children, theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        kids = [child for _, child, _ in _children(todo.pop())]
+        found += kids
+        todo += kids
+    return found
+
+
 def _children(pid: int) -> list[tuple[int, int, bytes]]:
     """(start time, pid, command line) of each child of `pid`."""
     found = []

@@ -1,9 +1,11 @@
 """What every benchmark script prints alike: columns that line up with Chinese text in them, the
-machine line that heads a recorded run, and the --json / --plot outputs."""
+machine line that heads a recorded run, the --json / --plot outputs, and how a run that starts a
+server ends when it is interrupted or fails."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -48,3 +50,20 @@ def save(report: dict, json_path: str | None, plot_path: str | None,
     if plot_path:
         plot(report, plot_path)
         print(f"图：{plot_path}")
+
+
+def run_to_exit_code(body: Callable[[], int]) -> int:
+    """body()'s exit code. SIGTERM (a job killed by its runner) unwinds like Ctrl-C, through
+    the `finally` that stops the server; an interruption is 130, a RuntimeError (the server
+    could not start, or died) its message and 1."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print("中断：服务器已停止", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        print(f"失败：{e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)

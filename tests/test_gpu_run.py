@@ -42,6 +42,30 @@ def test_every_part_is_implemented_and_documented():
     assert sorted(documented) == sorted(parts)
 
 
+def test_every_record_a_part_writes_is_in_its_readme_row():
+    rows = {m[1]: m[0] for m in re.finditer(r"^\| `(\w+)` \|.*$",
+                                            (GPU / "README.md").read_text(), re.MULTILINE)}
+    missing = []
+    for part, body in re.findall(r"^part_(\w+)\(\) \{(.*?)^\}", RUN.read_text(),
+                                 re.MULTILINE | re.DOTALL):
+        for record in re.findall(r"\bstart (\S+)", body):
+            stem = record.split(".")[0]
+            if "${" not in stem and stem not in rows[part]:  # a name built in a loop: skipped
+                missing.append(f"{part}: {record}")
+    assert not missing
+
+
+def test_the_faults_part_arms_a_fault_on_the_gpu_and_bounds_a_queue_below_its_burst():
+    body = re.search(r"^part_faults\(\) \{(.*?)^\}", RUN.read_text(),
+                     re.MULTILINE | re.DOTALL)[1].replace("\\\n", " ")
+    assert re.search(r"benchmark/device_fault\.py --device cuda", body)
+    burst = re.search(r"benchmark/overload\.py --device cuda .*--requests (\d+).*--bounds ([\d ]+)",
+                      body)
+    assert burst, body
+    requests, bounds = int(burst[1]), [int(b) for b in burst[2].split()]
+    assert max(bounds) >= requests > min(bounds)  # one run accepts all, one refuses some
+
+
 def test_every_script_a_part_runs_exists():
     script = RUN.read_text()
     paths = set(re.findall(r"\b((?:benchmark|tools)/[\w/]+\.py)\b", script))

@@ -11,8 +11,8 @@
 # wheels and files to carry, and how long each part takes: benchmark/gpu/README.md.
 set -uo pipefail
 
-PARTS=(offline ablate decode serving timeline roofline kernels bandwidth profile host moe mains
-       tests)
+PARTS=(offline ablate decode serving timeline roofline kernels bandwidth profile host moe faults
+       mains tests)
 usage() { echo "usage: benchmark/gpu/run.sh PART [PART ...]   PART: ${PARTS[*]}" >&2; }
 [ $# -ge 1 ] || { usage; exit 2; }
 for part in "$@"; do
@@ -230,6 +230,17 @@ part_moe() {  # chapter 20: one MoE layer, then a 12-layer Qwen3-30B-A3B-shaped 
             --attn flashinfer --skip-transformers
     local record
     for record in ch20_moe_bench ch20_moe_profile ch20_offline_moe; do show $record.${CARD}.txt 8; done
+}
+
+part_faults() {  # chapter 21: a step that faults on the GPU on purpose; a burst beyond the KV pool
+    start ch21_device_fault.${CARD}.txt
+    cmd 240 python3 benchmark/device_fault.py --device cuda --model $M --step 40
+    start ch21_overload.${CARD}.txt
+    # 2,000 requests of 512 + 64 tokens; 16,384 pages hold 28 of them at a time.
+    cmd 480 python3 benchmark/overload.py --device cuda --model $M --requests 2000 \
+        --input-len 512 --output-len 64 --num-pages 16384 --bounds 4096 100
+    show ch21_device_fault.${CARD}.txt 16
+    show ch21_overload.${CARD}.txt 8
 }
 
 part_mains() {  # chapters 17-20: each chapter's main, built on its own, on the GPU

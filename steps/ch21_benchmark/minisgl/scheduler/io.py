@@ -23,6 +23,7 @@ from minisgl.utils.process import ReadyQueue, Reporter, start_process, stop_proc
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
 
 from .config import SchedulerConfig
+from .fault import corrupt_page_table, fault_step_from_env
 from .scheduler import Scheduler, TokenOutput
 from .traced import create_scheduler
 
@@ -98,11 +99,21 @@ class SchedulerIO:
             self.reply.put(batched(messages))
 
 
-class SchedulerLoop:
-    """Turns messages into Scheduler calls and the Scheduler's tokens into messages."""
+class StepFailed(Exception):
+    """A scheduler step raised; the message names the step, the cause is the error."""
 
-    def __init__(self, scheduler: Scheduler, io: SchedulerIO) -> None:
+
+class SchedulerLoop:
+    """Turns messages into Scheduler calls and the Scheduler's tokens into messages.
+
+    `fault_step`: corrupt the page table before that step (scheduler/fault.py), or the first
+    one after it that has a running request."""
+
+    def __init__(self, scheduler: Scheduler, io: SchedulerIO,
+                 fault_step: int | None = None) -> None:
         self.scheduler, self.io = scheduler, io
+        self.steps = 0  # scheduler steps so far
+        self.fault_step = fault_step
         self.prompt_tokens: dict[int, int] = {}  # of the running requests, for their usage
         # Where the loop's time goes, in seconds: idle (blocked for messages: nothing to do),
         # receiving (taking and decoding messages while there is work), stepping, sending.
@@ -152,7 +163,7 @@ class SchedulerLoop:
         received = time.perf_counter()
         self.seconds["idle" if idle else "receive"] += received - start
         if self.scheduler.has_work:
-            out += [self.report(t) for t in self.scheduler.step()]
+            out += [self.report(t) for t in self._step()]
         stepped = time.perf_counter()
         self.seconds["step"] += stepped - received
         # Answered after the step: a request aborted in the batch in flight is freed in it.
@@ -161,26 +172,46 @@ class SchedulerLoop:
         self.seconds["send"] += time.perf_counter() - stepped
         return True
 
+    def _step(self) -> list[TokenOutput]:
+        """One scheduler step. An error in it (a device fault, a bug) becomes StepFailed, whose
+        message says which step and what was running. On a GPU an error surfaces when the host
+        next waits for the device: with overlap, often in the step after the faulty one."""
+        self.steps += 1
+        if self.fault_step is not None and self.steps >= self.fault_step:
+            if corrupt_page_table(self.scheduler):
+                self.fault_step = None
+        try:
+            return self.scheduler.step()
+        except Exception as e:
+            running = len(self.scheduler.decode.running)
+            waiting = len(self.scheduler.prefill.pending)
+            # A CUDA error goes on for lines of advice; its first line says what happened.
+            error = (str(e).strip().splitlines() or [""])[0]
+            raise StepFailed(f"step {self.steps} failed ({running} requests running, {waiting} "
+                             f"waiting): {type(e).__name__}: {error}") from e
+
     def stats(self) -> dict[str, int]:
-        return {**self.scheduler.stats(),
+        # evicted_pages: prefix-cache pages given to other requests since the start.
+        return {**self.scheduler.stats(), "evicted_pages": self.scheduler.cache.evicted_pages,
                 **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
 
 
 def run_scheduler(*, config: SchedulerConfig, inbox: str, broadcast: str, acks: str,
                   reply: str | None, status: Reporter) -> None:
     """A scheduler process, TP rank config.tp_rank: load this rank's shards, report ready with
-    the limits the API server must know, then loop until an ExitMsg."""
+    the limits the API server must know, then loop until an ExitMsg. A step that fails raises
+    StepFailed, which the launcher prints in the line that says this process ended."""
     scheduler = create_scheduler(config)
-    try:
-        io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
-        with closing(io):
-            io.handshake()
-            status.ready({"max_seq_len": scheduler.engine.max_seq_len})
-            loop = SchedulerLoop(scheduler, io)
-            while loop.run_once():
-                pass
-    finally:
-        scheduler.engine.close()  # its process group too
+    io = SchedulerIO(config.tp_rank, config.tp_size, inbox, broadcast, acks, reply)
+    with closing(io):
+        io.handshake()
+        status.ready({"max_seq_len": scheduler.engine.max_seq_len})
+        loop = SchedulerLoop(scheduler, io, fault_step_from_env())
+        while loop.run_once():
+            pass
+    # Not after an error: the process ends at once then (utils/process.py), and after a device
+    # fault every CUDA call fails, engine.close() too, over the error that names the step.
+    scheduler.engine.close()  # its process group too
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 1919
     num_tokenizer: int = 0  # 0: one process tokenizes and detokenizes
+    max_queued_req: int = 4096  # requests waiting for their first token; more get 503
     model_name: str = ""  # the name /v1/models reports: the model directory's name
     shell: bool = False
     trace: str | None = None  # write a Chrome trace of every process here at exit
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
     p.add_argument("--max-running-req", type=int, default=256,
                    help="requests that can run at once (rows of the page table)")
+    p.add_argument("--max-queued-req", type=int, default=4096,
+                   help="requests that may wait for their first token at once (queued for a "
+                        "row or KV pages, or in their prefill); the API server answers one more "
+                        "at once with 503")
     p.add_argument("--num-pages", type=int, default=None,
                    help="KV pages in the pool (default: sized from memory)")
     p.add_argument("--max-seq-len", type=int, default=None,
@@ -132,6 +137,8 @@ def check_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argpar
         parser.error(f"--tp must be >= 1, got {a.tp}")
     if a.num_tokenizer < 0:
         parser.error(f"--num-tokenizer must be >= 0, got {a.num_tokenizer}")
+    if a.max_queued_req < 1:
+        parser.error(f"--max-queued-req must be >= 1, got {a.max_queued_req}")
     if not 0 <= a.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {a.port}")
     if not a.shell and (problem := _cannot_listen(a.host, a.port)):
@@ -176,5 +183,5 @@ def parse_args(argv: list[str]) -> ServerArgs:
         parser.error(str(e))
     if a.trace is not None and not Path(a.trace).resolve().parent.is_dir():
         parser.error(f"--trace {a.trace}: its directory does not exist")
-    return ServerArgs(scheduler, a.host, a.port, a.num_tokenizer, model.resolve().name, a.shell,
-                      a.trace)
+    return ServerArgs(scheduler, a.host, a.port, a.num_tokenizer, a.max_queued_req,
+                      model.resolve().name, a.shell, a.trace)

@@ -28,12 +28,19 @@ class Frontend:
 
     A request's messages all go to the same tokenizer (uid modulo their number), so its abort
     can never overtake its prompt.
+
+    At most `max_queued` requests may wait for their first reply (in a tokenizer, in the
+    scheduler's queue or in their prefill); one more is refused here, before it costs any other
+    process anything. Requests that have had a reply are running: the KV pool bounds them.
     """
 
-    def __init__(self, tokenizer_inboxes: list[str], frontend: str) -> None:
+    def __init__(self, tokenizer_inboxes: list[str], frontend: str,
+                 max_queued: int | None = None) -> None:
         self.to_tokenizers = [PushQueue(a, bind=False, encode=encode) for a in tokenizer_inboxes]
         self.replies = PullQueue(frontend, bind=True, decode=decode)
         self.waiting: dict[int, asyncio.Queue[UserReply | StatsReply | ServerFailed]] = {}
+        self.max_queued = max_queued
+        self.queued: set[int] = set()  # the uids of requests without a reply yet
         self.next_uid = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped = threading.Event()
@@ -56,6 +63,7 @@ class Frontend:
     def _deliver(self, replies: list[Message]) -> None:
         trace.messages("recv", replies, self.replies.address)
         for reply in replies:
+            self.queued.discard(reply.uid)
             queue = self.waiting.get(reply.uid)
             if queue is not None:  # no one waits for an aborted request's last reply
                 queue.put_nowait(reply)
@@ -76,10 +84,17 @@ class Frontend:
     def submit(self, prompt: str | list[dict[str, str]], params: SamplingParams,
                fit_to_context: bool = False) -> tuple[int, asyncio.Queue]:
         """Send a request; its UserReplies arrive on the returned queue, the last one with
-        finished=True, or a ServerFailed. The caller must call done(uid) once it stops reading."""
+        finished=True, or a ServerFailed. The caller must call done(uid) once it stops reading.
+        A 503 when max_queued requests are waiting for their first reply already: the request
+        is fine and may succeed later (OpenAI's clients retry it by themselves)."""
         if self.failure is not None:
             raise ServerFailed(self.failure)
+        if self.max_queued is not None and len(self.queued) >= self.max_queued:
+            raise APIError(f"{len(self.queued):,} requests are waiting for their first token, "
+                           f"the most this server queues (--max-queued-req {self.max_queued:,}); "
+                           "try again later", status=503, kind="server_error")
         uid, queue = self._new_uid()
+        self.queued.add(uid)
         try:
             self._send(uid, TokenizeMsg(uid, prompt, params, fit_to_context))
         except BaseException:  # e.g. a value msgpack cannot encode: do not leak the uid
@@ -89,9 +104,11 @@ class Frontend:
 
     def done(self, uid: int) -> None:
         self.waiting.pop(uid, None)
+        self.queued.discard(uid)
 
     def abort(self, uid: int) -> None:
         """The client is gone (or a stop string ended it): free what the request holds."""
+        self.queued.discard(uid)
         if self.waiting.pop(uid, None) is not None:
             self._send(uid, AbortMsg(uid))
 

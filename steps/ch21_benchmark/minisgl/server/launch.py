@@ -121,7 +121,7 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
     child process dies: then nothing could answer any more, and waiting would hang every
     client. Every open request gets an error at once, and so does every request that comes
     before the server has closed its socket. False in that case."""
-    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
+    frontend = Frontend(backend.tokenizer_inboxes, backend.frontend, args.max_queued_req)
     server: _Server | None = None
 
     async def watch() -> None:

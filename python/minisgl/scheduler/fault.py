@@ -1,0 +1,1 @@
+../../../steps/ch21_benchmark/minisgl/scheduler/fault.py

@@ -1,0 +1,41 @@
+"""A step that fails on purpose, to see how a server ends when its device faults.
+
+With MINISGL_DEBUG_FAULT_STEP=N in its environment, a scheduler process corrupts its page table
+just before step N: the first KV slot of every running request points far outside the KV pool.
+The step's attention then reads out of range, as a scheduler bug handing out a wrong page would
+make it: an IndexError on the CPU, an illegal memory access on a GPU (inside a graph replay when
+the step is a decode). Nothing else changes, so a test can check what a user would see.
+"""
+
+from __future__ import annotations
+
+import os
+
+from minisgl.utils import use_stream
+
+from .scheduler import Scheduler
+
+FAULT_STEP_VARIABLE = "MINISGL_DEBUG_FAULT_STEP"
+BAD_SLOT = 2**31 - 1  # the largest page-table entry: past the end of any KV pool
+
+
+def fault_step_from_env() -> int | None:
+    """The step MINISGL_DEBUG_FAULT_STEP names, or None when it is not set."""
+    value = os.environ.get(FAULT_STEP_VARIABLE, "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{FAULT_STEP_VARIABLE} must be a step number >= 1, got {value!r}")
+    return int(value)
+
+
+def corrupt_page_table(scheduler: Scheduler) -> bool:
+    """Point the first KV slot of each running request at BAD_SLOT, where the next step's
+    attention reads it. False when no request runs: no step would read the change."""
+    rows = [req.table_idx for req in scheduler.decode.running]
+    if not rows:
+        return False
+    # On the preparation stream, which the next step's forward waits for.
+    with use_stream(scheduler.engine.prepare_stream):
+        scheduler.engine.page_table[rows, 0] = BAD_SLOT
+    return True
