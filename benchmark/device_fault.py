@@ -5,11 +5,12 @@ MINISGL_DEBUG_FAULT_STEP=N（scheduler/fault.py）让调度器在第 N 步之前
 访问（decode 步在 CUDA Graph 的回放里）。脚本带着这个变量起一个 `python -m minisgl`，同时开
 --streams 个流式请求（每个要的输出都长到跑不完），然后等服务器自己退出，记下：
 
-  - 日志里以 "minisgl:" 开头的行（调度器说哪一步、什么错误；启动者说哪个进程退出了），
+  - 日志里以 "minisgl:" 开头的行（启动者说哪个进程退出了：哪一步、什么错误），
     以及日志一共多少行、几个 Traceback；
   - 退出码（必须非 0），从第一个请求发出到服务器退出用了多久（必须在 --timeout 秒内：不挂住）；
   - 退出后还活着的子进程（必须没有），留下的 IPC socket 文件（必须没有）；
-  - 每个流式请求在客户端看到的结局：收到几块，怎样结束。
+  - 每个流式请求在客户端看到的结局：收到几块，怎样结束（必须是一个错误事件，然后 [DONE]；
+    故障之后才到的请求则是 503）。
 
 全部满足时退出码 0，否则 1。
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import math
 import os
 import shlex
@@ -59,14 +61,15 @@ def stream(url: str, max_tokens: int, ending: list[str], index: int) -> None:
                 if r.status_code != 200:
                     ending[index] = f"HTTP {r.status_code}：{r.read().decode()[:160]}"
                     return
+                error = ""
                 for line in r.iter_lines():
                     if line.startswith("data: [DONE]"):
-                        ending[index] = f"{chunks} 块后 [DONE]"
+                        ending[index] = f"{chunks} 块后{error} [DONE]"
                         return
-                    if line.startswith("data: "):
+                    if line.startswith('data: {"error"'):
+                        error = f"一个错误事件（{json.loads(line[6:])['error']['message']}）、"
+                    elif line.startswith("data: "):
                         chunks += 1
-                        if '"error"' in line:
-                            ending[index] = f"{chunks} 块后一个错误事件：{line[6:][:160]}"
         ending[index] = f"{chunks} 块后流结束（没有 [DONE]）"
     except Exception as e:  # noqa: BLE001 - how the stream breaks is what we record
         ending[index] = f"{chunks} 块后 {type(e).__name__}"
@@ -155,6 +158,10 @@ def report(server: Server, times: tuple[float | None, float | None],
         failures.append("退出码是 0")
     if not any(" failed (" in x for x in lines if x.startswith("minisgl:")):
         failures.append("没有一行说哪一步失败了")
+    # A request that came after the fault had a 503 instead, which is right too.
+    if not all(("错误事件" in e and e.endswith("[DONE]")) or e.startswith("HTTP 503")
+               for e in endings):
+        failures.append("有的流既没有以错误事件和 [DONE] 结束，也不是 503")
     if left or sockets:
         failures.append(f"留下了 {len(left)} 个进程、{len(sockets)} 个 socket 文件")
     return failures

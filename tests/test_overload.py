@@ -34,34 +34,18 @@ def frontend():
 def test_a_request_beyond_the_queue_bound_is_refused_until_one_is_answered(frontend):
     from minisgl.core import SamplingParams
     from minisgl.message import UserReply
-    from minisgl.server.frontend import Overloaded
+    from minisgl.server.protocol import APIError
 
     first, _ = frontend.submit("a", SamplingParams())
     second, _ = frontend.submit("b", SamplingParams())
-    with pytest.raises(Overloaded, match="2 requests are waiting for their first token"):
+    with pytest.raises(APIError, match="2 requests are waiting for their first token") as info:
         frontend.submit("c", SamplingParams())
+    assert (info.value.status, info.value.kind) == (503, "server_error")
     frontend._deliver([UserReply(first, " x", False, prompt_tokens=1)])  # the first one runs
     third, _ = frontend.submit("c", SamplingParams())
     frontend.abort(second)  # its client left while it waited
     frontend.submit("d", SamplingParams())
     assert frontend.queued == {third, third + 1}
-
-
-def test_a_refused_request_is_an_openai_503():
-    from fastapi.testclient import TestClient
-
-    from minisgl.server.api_server import create_app
-    from minisgl.server.frontend import Overloaded
-
-    class FullFrontend:
-        def submit(self, prompt, params, fit_to_context=False):
-            raise Overloaded("4,096 requests are waiting for their first token")
-
-    app = create_app(FullFrontend(), "m", 128)  # type: ignore[arg-type]
-    r = TestClient(app).post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
-    assert r.status_code == 503
-    assert r.json() == {"error": {"message": "4,096 requests are waiting for their first token",
-                                  "type": "server_error", "param": None, "code": None}}
 
 
 def test_the_queue_bound_must_be_positive(capsys):

@@ -159,8 +159,9 @@ def test_a_small_burst_completes_what_it_accepts_and_refuses_the_rest(overload, 
 
 def test_the_device_fault_script_sees_the_server_end_cleanly(capsys):
     device_fault = load_script("device_fault")
-    code = device_fault.main(["--model", str(MODEL), "--step", "8", "--streams", "3"])
+    code = device_fault.main(["--model", str(MODEL), "--step", "30", "--streams", "3"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "minisgl: scheduler-rank0: step 8 failed (3 requests running" in out
+    assert "minisgl: scheduler-rank0 exited with code 1 (minisgl.scheduler.io.StepFailed: " \
+        "step 30 failed (" in out
     assert "结论：干净地收场" in out

@@ -60,7 +60,7 @@ def refuse_unsupported(fields: dict[str, Any]) -> None:
 
 
 class APIError(Exception):
-    """An error the client caused: answered with an OpenAI-style body and a 4xx status."""
+    """An error answered with an OpenAI-style body: a 4xx status when the client caused it."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
                  kind: str = "invalid_request_error") -> None:

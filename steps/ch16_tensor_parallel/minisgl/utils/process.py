@@ -8,7 +8,6 @@ died while serving, it can say which one ended the run, and how, in one line.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import os
 import queue
@@ -113,20 +112,6 @@ def first_exit(processes: list[BaseProcess], status: ReadyQueue) -> ChildExit | 
     silent = [name for name in dead if name not in failures]
     name = silent[0] if silent else next(n for n in failures if n in dead)
     return ChildExit(name, dead[name], failures.get(name, ""))
-
-
-async def wait_for_exit(processes: list[BaseProcess]) -> None:
-    """Returns once any of `processes` has exited. A process's sentinel becomes readable when
-    it exits, so the event loop is woken by the kernel, at once, and polls nothing."""
-    loop = asyncio.get_running_loop()
-    exited = asyncio.Event()
-    for p in processes:
-        loop.add_reader(p.sentinel, exited.set)
-    try:
-        await exited.wait()
-    finally:
-        for p in processes:
-            loop.remove_reader(p.sentinel)
 
 
 def _exit_with_launcher() -> None:

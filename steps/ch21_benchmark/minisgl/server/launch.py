@@ -23,7 +23,7 @@ from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.tokenizer import run_tokenizer
 from minisgl.utils import trace
 from minisgl.utils.process import (ChildExit, ReadyQueue, first_exit, rendezvous_address,
-                                   start_process, stop_processes, wait_for_exit, wait_ready)
+                                   start_process, stop_processes, wait_ready)
 from minisgl.utils.zmq_queue import ipc_address, new_run_id
 
 from .api_server import create_app
@@ -47,12 +47,6 @@ class Backend:
         """The child whose exit ended the run; None while all are running. Once serving,
         any exit is fatal: nothing else can do that child's part."""
         return first_exit(self.processes, self.status)
-
-    async def wait_exit(self) -> ChildExit:
-        await wait_for_exit(self.processes)
-        exited = self.exited()
-        assert exited is not None
-        return exited
 
     def stop(self) -> None:
         stop_processes(self.processes)
@@ -129,7 +123,8 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
             await asyncio.sleep(0.05)
         print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, server.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
-        exited = await backend.wait_exit()
+        while (exited := backend.exited()) is None:
+            await asyncio.sleep(0.5)
         if server.should_exit:  # stopping already: a signal to the whole group ends them too
             return
         failed = frontend.fail(f"the server is stopping: {exited}")
