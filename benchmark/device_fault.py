@@ -48,8 +48,9 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-def stream(url: str, max_tokens: int, ending: list[str], index: int) -> None:
-    """One long streamed completion; ending[index] says how it ended for the client."""
+def stream(url: str, max_tokens: int, ending: list[str], index: int, errors: set[str]) -> None:
+    """One long streamed completion; ending[index] says how it ended for the client, the
+    message of its error event goes into `errors`."""
     import httpx
 
     chunks = 0
@@ -64,10 +65,11 @@ def stream(url: str, max_tokens: int, ending: list[str], index: int) -> None:
                 error = ""
                 for line in r.iter_lines():
                     if line.startswith("data: [DONE]"):
-                        ending[index] = f"{chunks} 块后{error} [DONE]"
+                        ending[index] = f"{chunks} 块后{error}[DONE]"
                         return
                     if line.startswith('data: {"error"'):
-                        error = f"一个错误事件（{json.loads(line[6:])['error']['message']}）、"
+                        errors.add(json.loads(line[6:])["error"]["message"])
+                        error = "一个错误事件、"
                     elif line.startswith("data: "):
                         chunks += 1
         ending[index] = f"{chunks} 块后流结束（没有 [DONE]）"
@@ -95,9 +97,10 @@ def run(args: argparse.Namespace) -> list[str]:
         children = descendants(server.popen.pid)
         # As long as the context allows: no stream may end before the fault.
         max_tokens = served_context(server.url) - 16
-        endings = ["（还没有结束）"] * args.streams
-        clients = [threading.Thread(target=stream, args=(server.url, max_tokens, endings, i),
-                                    daemon=True) for i in range(args.streams)]
+        endings, errors = ["（还没有结束）"] * args.streams, set()
+        clients = [threading.Thread(target=stream, daemon=True,
+                                    args=(server.url, max_tokens, endings, i, errors))
+                   for i in range(args.streams)]
         for client in clients:
             client.start()
         times = wait_exit(server, args.timeout)
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> list[str]:
         left = still_running(children, timeout=5.0)
     finally:
         server.stop()
-    return report(server, times, (len(children), left), started, endings, args)
+    return report(server, times, (len(children), left), started, (endings, errors), args)
 
 
 def still_running(pids: list[int], timeout: float) -> list[int]:
@@ -134,8 +137,8 @@ def wait_exit(server: Server, timeout: float) -> tuple[float | None, float | Non
 
 
 def report(server: Server, times: tuple[float | None, float | None],
-           children: tuple[int, list[int]], started: float, endings: list[str],
-           args: argparse.Namespace) -> list[str]:
+           children: tuple[int, list[int]], started: float,
+           streams: tuple[list[str], set[str]], args: argparse.Namespace) -> list[str]:
     failed, exited = times
     code = server.popen.returncode if exited is not None else None
     lines = list(server.lines)
@@ -146,11 +149,14 @@ def report(server: Server, times: tuple[float | None, float | None],
     count, left = children
     pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{server.popen.pid}-*")
     sockets = [p for p in glob.glob(pattern) if os.stat(p).st_mtime >= started]
-    print(f"发出请求后 {failed or math.nan:.1f} 秒那一步失败，{exited or math.nan:.1f} 秒服务器退出，"
+    print(f"发出请求后 {failed or math.nan:.1f} 秒日志说那一步失败，{exited or math.nan:.1f} 秒服务器退出，"
           f"退出码 {code}；退出后还在的子进程 {len(left)} 个（共 {count} 个），留下的 "
           f"socket 文件 {len(sockets)} 个")
+    endings, errors = streams
     for i, ending in enumerate(endings):
         print(f"  流 {i}：{ending}")
+    for error in sorted(errors):
+        print(f"错误事件：{error}")
     failures = []
     if code is None:
         failures.append(f"服务器 {args.timeout:.0f} 秒内没有退出")
