@@ -1,10 +1,9 @@
 """A step that fails on purpose, to see how a server ends when its device faults.
 
-With MINISGL_DEBUG_FAULT_STEP=N in its environment, a scheduler process corrupts its page table
-just before step N: the first KV slot of every running request points far outside the KV pool.
-The step's attention then reads out of range, as a scheduler bug handing out a wrong page would
-make it: an IndexError on the CPU, an illegal memory access on a GPU (inside a graph replay when
-the step is a decode). Nothing else changes, so a test can check what a user would see.
+MINISGL_DEBUG_FAULT_STEP=N, read when a scheduler process starts, corrupts the page table just
+before step N: the first KV slot of every running request points outside the KV pool. The
+step's attention then reads out of range, as a scheduler bug handing out a wrong page would make
+it: an IndexError on the CPU, an illegal memory access on a GPU (in a graph replay for a decode).
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ from minisgl.utils import use_stream
 
 from .scheduler import Scheduler
 
-FAULT_STEP_VARIABLE = "MINISGL_DEBUG_FAULT_STEP"
 BAD_SLOT = 2**31 - 1  # the largest page-table entry: past the end of any KV pool
 
 
 def fault_step_from_env() -> int | None:
     """The step MINISGL_DEBUG_FAULT_STEP names; None when it is not set (or 0)."""
-    return int(os.environ.get(FAULT_STEP_VARIABLE) or 0) or None
+    return int(os.environ.get("MINISGL_DEBUG_FAULT_STEP") or 0) or None
 
 
 def corrupt_page_table(scheduler: Scheduler) -> bool:
