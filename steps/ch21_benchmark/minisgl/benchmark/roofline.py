@@ -1,12 +1,7 @@
-"""The roofline cost model: what one forward step must at least move and compute.
-
-Bytes: every linear weight and norm read once, the LM head once, of the embedding only the rows
-of the step's tokens; the K/V of each request's cached tokens read once, the new tokens' K/V
-written once (activations are assumed to stay on chip). FLOPs: 2 x parameters per new token for
-the linear layers; the LM head only on each request's last position; attention 4 x heads x
-head_dim per (query, key) pair, causal among the new tokens. A step cannot take less than
-max(bytes / bandwidth, FLOPs / peak). Pure arithmetic on a model's shape and a step's make-up:
-benchmark/roofline.py records real steps and sets these bounds next to them.
+"""The roofline cost model: the bytes one forward step must at least move (weights, the
+embedding rows of its tokens, K/V read and written) and the FLOPs it must compute, so that no
+step takes less than max(bytes / bandwidth, FLOPs / peak). benchmark/roofline.py sets these
+bounds next to measured steps.
 """
 
 from __future__ import annotations
