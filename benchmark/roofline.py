@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from minisgl.benchmark.roofline import (H200_BF16_PEAK, H200_COPY_BANDWIDTH, H200_HBM_BANDWIDTH,
-                                       Hardware, ModelShape, PhaseRow, StepShape, aggregate,
-                                       phase_key, step_cost)
+                                       Cost, Hardware, ModelShape, StepShape, decode_bucket,
+                                       step_cost)
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine import InFlight
 from minisgl.llm import LLM
@@ -115,6 +115,53 @@ def record(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
 
 # ----------------------------------------------------------------------------------------------
 # A run: what was measured, and its report
+
+
+@dataclass
+class PhaseRow:
+    """Steps of one phase (and, for decode, one batch-size bucket), summed."""
+
+    phase: str
+    batch_sizes: str  # "2–8": a decode bucket; "" for prefill
+    steps: int = 0
+    tokens: int = 0
+    measured_s: float = 0.0
+    bound_s: float = 0.0
+    memory_s: float = 0.0  # sum of bytes / bandwidth
+    compute_s: float = 0.0  # sum of FLOPs / peak
+    memory_bound_steps: int = 0  # steps whose bound is the bytes (the rest: the FLOPs)
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_s / self.bound_s
+
+    def add(self, step: StepShape, measured: float, cost: Cost, hw: Hardware) -> None:
+        self.steps += 1
+        self.tokens += step.new_tokens
+        self.measured_s += measured
+        self.bound_s += cost.bound(hw)
+        self.memory_s += cost.memory_seconds(hw)
+        self.compute_s += cost.compute_seconds(hw)
+        self.memory_bound_steps += cost.memory_bound(hw)
+
+
+def phase_key(step: StepShape) -> tuple[int, str]:
+    """The row a step is summed into, in the order rows are reported: (-1, "") for prefill,
+    first; a decode step its batch-size bucket (decode_bucket)."""
+    return (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
+
+
+def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, dtype_bytes: int,
+              hw: Hardware) -> list[PhaseRow]:
+    """Prefill first, then decode by batch size. A prefill step computes prompt tokens (chunks
+    included) and, in the same batch, one token of every running request (chapter 10's mixed
+    batch); a decode step only the latter."""
+    rows: dict[tuple[int, str], PhaseRow] = {}
+    for step, measured in zip(steps, seconds, strict=True):
+        key = phase_key(step)
+        row = rows.setdefault(key, PhaseRow(step.phase, key[1]))
+        row.add(step, measured, step_cost(model, step, dtype_bytes), hw)
+    return [rows[key] for key in sorted(rows)]
 
 
 @dataclass

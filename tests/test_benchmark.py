@@ -1,9 +1,9 @@
 """Chapter 21's package part, minisgl.benchmark: the roofline cost model (parameters against
-transformers, FLOPs against torch's FLOP counter, bytes by hand, buckets and aggregation) and
+transformers, FLOPs against torch's FLOP counter, bytes by hand, decode buckets) and
 perf.best_microseconds (its argument checks; on a GPU, a plain copy at a plausible bandwidth).
 The example runs as a reader runs it. The stage-4 milestone (TP=2 with replayed decode graphs
 gives TP=1's eager tokens) is test_cuda_graph.py's test_tp2_with_graphs_equals_tp1; the recorder
-and the command line of benchmark/roofline.py are test_roofline.py's."""
+and the report (aggregation included) of benchmark/roofline.py are test_roofline.py's."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Con
 
 from conftest import MODELS_DIR, SMOLLM2
 from minisgl.benchmark.perf import best_microseconds
-from minisgl.benchmark.roofline import (Cost, Hardware, ModelShape, StepShape, aggregate,
-                                        decode_bucket, phase_key, step_cost)
+from minisgl.benchmark.roofline import Hardware, ModelShape, StepShape, decode_bucket, step_cost
 from minisgl.models import ModelConfig
 from processes import run_example
 
@@ -125,23 +124,6 @@ def test_decode_buckets():
     labels = {size: decode_bucket(size)[1] for size in (1, 2, 8, 9, 32, 33, 256, 257)}
     assert labels == {1: "1", 2: "2–8", 8: "2–8", 9: "9–32", 32: "9–32", 33: "33–64",
                       256: "129–256", 257: "257+"}
-
-
-def test_aggregate_puts_prefill_first_then_decode_by_bucket():
-    shape, hw = shape_of(QWEN3), Hardware(bandwidth=1e9, peak_flops=1e12)
-    steps = [StepShape.of("decode", [(5, 6)] * 9), StepShape.of("prefill", [(0, 5)] * 9),
-             StepShape.of("decode", [(5, 6)]), StepShape.of("decode", [(6, 7)])]
-    rows = aggregate(steps, [1.0, 2.0, 3.0, 4.0], shape, 2, hw)
-    assert [(r.phase, r.batch_sizes, r.steps, r.tokens, r.measured_s) for r in rows] == [
-        ("prefill", "", 1, 45, 2.0), ("decode", "1", 2, 2, 7.0), ("decode", "9–32", 1, 9, 1.0)]
-    costs: list[Cost] = [step_cost(shape, s, 2) for s in steps[2:]]
-    assert rows[1].bound_s == sum(c.bound(hw) for c in costs)
-    assert rows[1].memory_bound_steps == 2 and rows[1].ratio == 7.0 / rows[1].bound_s
-    with pytest.raises(ValueError):  # a time for every step, no more, no less
-        aggregate(steps, [1.0], shape, 2, hw)
-    # The rows' keys, which benchmark/roofline.py's idle table groups by too: prefill sorts first.
-    assert sorted(map(phase_key, steps)) == [(-1, ""), decode_bucket(1), decode_bucket(1),
-                                             decode_bucket(9)]
 
 
 # --- perf.best_microseconds -------------------------------------------------------------------

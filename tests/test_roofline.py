@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from minisgl.benchmark.roofline import Hardware, ModelShape, StepShape, decode_bucket, step_cost
 from minisgl.core import SamplingParams
+from minisgl.models import ModelConfig
 from benchmark_scripts import load_script
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
@@ -23,6 +25,24 @@ TINY = ROOT / "models" / "tiny-qwen3"
 
 
 roofline = load_script("roofline")
+
+
+def test_aggregate_puts_prefill_first_then_decode_by_bucket():
+    shape = ModelShape.of(ModelConfig.from_dir(TINY))
+    hw = Hardware(bandwidth=1e9, peak_flops=1e12)
+    steps = [StepShape.of("decode", [(5, 6)] * 9), StepShape.of("prefill", [(0, 5)] * 9),
+             StepShape.of("decode", [(5, 6)]), StepShape.of("decode", [(6, 7)])]
+    rows = roofline.aggregate(steps, [1.0, 2.0, 3.0, 4.0], shape, 2, hw)
+    assert [(r.phase, r.batch_sizes, r.steps, r.tokens, r.measured_s) for r in rows] == [
+        ("prefill", "", 1, 45, 2.0), ("decode", "1", 2, 2, 7.0), ("decode", "9–32", 1, 9, 1.0)]
+    costs = [step_cost(shape, s, 2) for s in steps[2:]]
+    assert rows[1].bound_s == sum(c.bound(hw) for c in costs)
+    assert rows[1].memory_bound_steps == 2 and rows[1].ratio == 7.0 / rows[1].bound_s
+    with pytest.raises(ValueError):  # a time for every step, no more, no less
+        roofline.aggregate(steps, [1.0], shape, 2, hw)
+    # The rows' keys, which the idle table groups by too: prefill sorts first.
+    assert sorted(map(roofline.phase_key, steps)) == [
+        (-1, ""), decode_bucket(1), decode_bucket(1), decode_bucket(9)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,9 +1,5 @@
-"""The few CUDA-only objects the engine uses, with no-op stand-ins on the CPU.
-
-The official code creates torch.cuda streams and events and pins host memory directly; going
-through these functions keeps one code path that runs on a laptop and behaves the same on CUDA.
-MPS is deliberately never chosen: float32 results must match transformers token for token.
-"""
+"""The few CUDA-only objects the engine uses, with no-op stand-ins on the CPU: one code path for
+both. MPS is never chosen: float32 results must match transformers token for token."""
 
 from __future__ import annotations
 

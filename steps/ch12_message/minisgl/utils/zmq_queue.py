@@ -1,9 +1,6 @@
-"""Thin typed wrappers over ZMQ sockets: one socket, one direction, objects in and out.
-
-The encoding is passed in (encode/decode callables) so that this bottom module knows nothing
-about the message types defined above it. Addresses are IPC paths that carry a per-server run
-id, so several servers on one machine never share a socket.
-"""
+"""Typed wrappers over ZMQ sockets: one socket, one direction, objects in and out. The encoding
+is passed in, so this bottom module knows no message type; IPC addresses carry a per-server run
+id, so servers on one machine never share a socket."""
 
 from __future__ import annotations
 

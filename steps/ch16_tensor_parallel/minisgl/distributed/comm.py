@@ -1,9 +1,5 @@
-"""The collectives tensor parallelism needs, behind one interface.
-
-Layers call all_reduce / all_gather on whatever communicator is installed: with one rank they
-are free no-ops; with several, torch.distributed carries them, over gloo between CPU processes
-and over NCCL between GPUs.
-"""
+"""The collectives tensor parallelism needs: no-ops with one rank; torch.distributed with several
+(gloo between CPU processes, NCCL between GPUs)."""
 
 from __future__ import annotations
 

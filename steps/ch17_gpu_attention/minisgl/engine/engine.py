@@ -39,10 +39,8 @@ class Engine:
             raise
 
     def close(self) -> None:
-        """Undo what the constructor did to the process (the global Context, the TP rank and
-        its process group, the CPU thread count, the current CUDA device), newest first, so
-        that the next Engine in this process starts from the state this one found. Safe to
-        call twice; the engine is not usable afterwards."""
+        """Undo, newest first, what the constructor did to the process (the global Context, the
+        TP rank and group, the CPU threads, the CUDA device). Safe to call twice."""
         while self._undo:
             self._undo.pop()()
 
@@ -59,10 +57,8 @@ class Engine:
         self._allocate_tables(config)
         self._install_context(config)
         self.sampler = Sampler(self.device, self.model.config.vocab_size, config.seed)
-        # Everything above ran on the current (default) stream, which the engine's streams do
-        # not wait for. An engine built after another one closed reuses the memory that one
-        # freed: a page table whose zero-fill had not run yet would hand the first batch old
-        # slots (an illegal address). Done before any batch.
+        # Everything above ran on the current stream, which the engine's streams do not wait
+        # for: a page table still being zeroed would hand the first batch old slots.
         synchronize(self.device)
 
     def _set_up_device(self, config: EngineConfig) -> None:

@@ -1,11 +1,6 @@
-"""CUDA graphs for decode: capture the forward once per batch size, then replay it with one
-launch instead of a few hundred; on the CPU, an emulation with the same rules.
-
-A captured graph replays the kernels of the capture with the same memory addresses and the same
-shapes. Everything a step changes must therefore be *copied into* tensors that existed at
-capture time (the static buffers); anything else the Python code read while capturing — a
-length, a fresh tensor — is frozen into the graph.
-"""
+"""CUDA graphs for decode: the forward captured once per batch size, replayed with one launch;
+on the CPU, an emulation with the same rules. A replay reuses the capture's addresses and
+shapes, so whatever a step changes must be copied into the static buffers."""
 
 from __future__ import annotations
 
@@ -71,15 +66,10 @@ class GraphBackend(Protocol):
 
 
 class GraphRunner:
-    """The decode forward captured for each of `batch_sizes`. A decode batch of n requests
-    replays the graph of the smallest captured size >= n: rows beyond n are padding that point
-    at a reserved page-table row and KV slot, and their results are ignored.
-
-    Static buffers: the page-table row and position of each token (the input ids, the KV write
-    locations and the logits are computed from them inside the graph), the attention metadata
-    (the backend's own buffers), and the logits. `replay` copies a batch's rows and positions
-    in, asks the backend to fill its metadata, replays, and returns a view of the logits.
-    """
+    """The decode forward captured for each of `batch_sizes`; a batch of n replays the smallest
+    size >= n, its extra rows pointing at the spare page-table row. Static buffers: each
+    token's page-table row and position (input ids and KV slots are read from them inside the
+    graph), the backend's metadata, and the logits."""
 
     def __init__(self, model: object, ctx: Context, backend: GraphBackend, page_table: torch.Tensor,
                  token_pool: torch.Tensor, batch_sizes: list[int], vocab_size: int,

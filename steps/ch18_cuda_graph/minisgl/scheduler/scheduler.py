@@ -95,13 +95,10 @@ class Scheduler:
             tokens = []
             if (self.in_flight is not None and batch is not None and batch.is_prefill
                     and self.in_flight.batch.is_decode):
-                # A prefill runs eagerly: its launch keeps the host busy about as long as the
-                # device computes it, while the decode graph in flight is done in a fraction of
-                # that time. Its tokens would wait for the whole launch before reaching the
-                # clients; the device idles only while they are read.
-                # A prefill in flight computes about as long as this launch takes: launched
-                # first, the next one is queued by the time it is done, and the device does
-                # not wait for this batch's preparation.
+                # An eager prefill's launch takes the host about as long as the device computes
+                # it, while the decode graph in flight is done far sooner: its tokens would wait
+                # for the whole launch. Read them first; the device idles only meanwhile. (A
+                # prefill in flight lasts about as long as this launch: nothing to gain there.)
                 tokens, self.in_flight = self._process(self.in_flight, batch.reqs), None
             launched = self._launch(batch) if batch is not None else None
             to_read, self.in_flight = ((self.in_flight, launched) if self.overlap

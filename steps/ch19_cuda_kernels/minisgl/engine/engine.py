@@ -60,10 +60,8 @@ class Engine:
             raise
 
     def close(self) -> None:
-        """Undo what the constructor did to the process (the global Context, the TP rank and
-        its process group, the CPU thread count, the current CUDA device), newest first, so
-        that the next Engine in this process starts from the state this one found. Safe to
-        call twice; the engine is not usable afterwards."""
+        """Undo, newest first, what the constructor did to the process (the global Context, the
+        TP rank and group, the CPU threads, the CUDA device). Safe to call twice."""
         while self._undo:
             self._undo.pop()()
 
@@ -85,17 +83,13 @@ class Engine:
         self.graphs = self._capture_graphs(config, self.model.config.vocab_size)
         # Graphs hold NCCL work at TP > 1: they go before the process group does.
         self._undo.append(self._drop_graphs)
-        # Everything above ran on the current (default) stream, which the engine's streams do
-        # not wait for. An engine built after another one closed reuses the memory that one
-        # freed: a page table whose zero-fill had not run yet would hand the first batch old
-        # slots (an illegal address). Done before any batch.
+        # Everything above ran on the current stream, which the engine's streams do not wait
+        # for: a page table still being zeroed would hand the first batch old slots.
         synchronize(self.device)
         if warm_up_tokens is not None and self.device.type == "cuda":
             self.warm_up(warm_up_tokens)
-            # The process's first full garbage collection walks every object that the imports,
-            # the model and the graphs made: a pause of a fraction of a second, during which no
-            # step is launched. Now, before any request. CPython collects in full again only
-            # once the objects that survived since outnumber a quarter of those it walked.
+            # The first full collection walks every object the imports, the model and the
+            # graphs made, a pause of a fraction of a second: now, before any request.
             gc.collect()
 
     def _set_up_device(self, config: EngineConfig) -> None:
@@ -258,11 +252,10 @@ class Engine:
         return ForwardOutput(next_tokens, next_tokens_host, copy_done)
 
     def launch(self, batch: Batch, sampled: list[int]) -> InFlight:
-        """Compute one batch whose pages are allocated: prepare its inputs on the preparation
-        stream, run its forward on the engine's stream — a graph replay for a decode batch of
-        a captured size, else eagerly — sample, and write the tokens of the requests at
-        `sampled` (those that are not a partial prompt) into the token pool as their next
-        inputs. The host waits only before a FlashInfer replay, for the last plan's copy."""
+        """Compute one batch whose pages are allocated: inputs on the preparation stream, then
+        on the engine's stream a graph replay (a decode batch of a captured size) or an eager
+        forward, sampling, and the tokens of the requests at `sampled` written into the token
+        pool as their next inputs."""
         reqs = batch.reqs
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):
@@ -304,15 +297,10 @@ class Engine:
         return InFlight(batch, output, done, inputs=(rows, args, index_host))
 
     def warm_up(self, num_tokens: int) -> None:
-        """One eager prefill of `num_tokens` tokens before any request. A process's first
-        forward at a new row count pays, on the host, for what later ones reuse: cuBLAS
-        choosing (and loading) a kernel for each projection's shape, the allocator reserving
-        the step's activations, so a process's first full prefill step is markedly slower
-        than later ones of the same size (chapter 21 measures it). A full prefill
-        step is the largest shape the scheduler runs: paid for here, it is off every request.
-        The tokens sit on the spare row, cut into requests of at most max_seq_len: their K and
-        V go to the spare page, their sampled tokens nowhere, and no row, page or request of
-        the scheduler's is touched."""
+        """One eager prefill of `num_tokens` tokens before any request, so that none pays for
+        the first forward at the largest shape (cuBLAS picking kernels, the allocator reserving
+        activations). The tokens sit on the spare row and page, cut into requests of at most
+        max_seq_len: no row, page or request of the scheduler's is touched."""
         sizes = [min(self.max_seq_len, num_tokens - start)
                  for start in range(0, num_tokens, self.max_seq_len)]
         reqs = [Req(torch.zeros(n, dtype=torch.int32), table_idx=self.dummy_row, cached_len=0,

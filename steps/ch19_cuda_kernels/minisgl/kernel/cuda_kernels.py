@@ -1,15 +1,8 @@
-"""Our own CUDA kernels (chapter 19) behind five reference ops: the KV store, the masked gather
-of the embedding, Qwen3's q/k RMSNorm fused with RoPE, the matmul of a few rows (GEMV; also
-SwiGLU's gate_up_proj with the activation as its epilogue), and sampling from the logits; and
-decode attention with the KV store folded in, which the FlashInfer backend runs in its
-decode graphs instead of FlashInfer's. The mode is process-wide, set by
-the Engine: "auto" runs them on CUDA tensors, "emulate" runs their CPU build
-(csrc/cuda_model.h) on CPU tensors, "off" leaves every op to its reference. Tensors a kernel
-cannot take (another dtype, a layout it does not handle, shapes that do not match) go to the
-reference too, so the choice changes how things are computed, not what: the GEMV sums in
-another order (a last bit of bfloat16), sampling draws from the same distribution with other
-random numbers. And a mismatch meets the reference's error instead of a kernel that reads out
-of bounds (the kernels trust every size they are given)."""
+"""Our own CUDA kernels (chapter 19), each behind a reference op, and decode attention for
+captured decode steps. The Engine sets the process-wide mode: "auto" runs them on CUDA tensors,
+"emulate" their CPU build (csrc/cuda_model.h) on CPU tensors, "off" none. Tensors a kernel
+cannot take go to the reference, which raises where a kernel would read out of bounds (the
+kernels trust every size they are given)."""
 
 from __future__ import annotations
 
@@ -59,8 +52,7 @@ def target_for(x: torch.Tensor) -> str | None:
 
 
 def prepare(device: torch.device) -> None:
-    """Build (or load from the cache) every kernel library for `device` now, at start-up: a
-    missing compiler is an error message before any weight is read, not in the first forward."""
+    """Build (or load from the cache) every kernel library for `device` now."""
     for name in jit.KERNELS:
         _library(name, device)
 
@@ -239,8 +231,7 @@ def _aligned(x: torch.Tensor) -> bool:
 
 def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
                                    dtype: torch.dtype, device: torch.device) -> int:
-    """How many of decode_attention's blocks (one per chunk and KV head) an SM of `device` runs
-    at once, for these heads (the build's registers decide); 1 in the emulator."""
+    """decode_attention's blocks an SM of `device` runs at once (its registers decide)."""
     if dtype not in _DTYPES:
         raise ValueError(f"decode_attention computes in {tuple(_DTYPES)}, not {dtype}")
     blocks = _library("decode_attention", device).minisgl_decode_attention_blocks_per_sm(
@@ -253,8 +244,7 @@ def decode_attention_blocks_per_sm(q_heads: int, kv_heads: int, head_dim: int,
 
 def decode_attention_items_per_wave(q_heads: int, kv_heads: int, head_dim: int,
                                     dtype: torch.dtype, device: torch.device) -> int:
-    """The chunks a plan fits in one wave: decode_attention's blocks (one per chunk and KV
-    head) that all SMs of `device` run at once, per KV head (the emulator counts one SM)."""
+    """The chunks a plan fits in one wave: the blocks all SMs run at once, per KV head."""
     sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
                 if device.type == "cuda" else 1)
     blocks = sm_count * decode_attention_blocks_per_sm(q_heads, kv_heads, head_dim, dtype, device)
@@ -262,9 +252,8 @@ def decode_attention_items_per_wave(q_heads: int, kv_heads: int, head_dim: int,
 
 
 def decode_attention_max_items(num_reqs: int, items_per_wave: int) -> int:
-    """The most chunks (items) a plan of num_reqs requests makes: two waves' worth, or one a
-    request where there are more requests, and no request more than
-    DECODE_ATTENTION_MAX_SPLITS."""
+    """The most chunks (items) a plan of num_reqs requests makes: two waves' worth, at least
+    one a request, at most DECODE_ATTENTION_MAX_SPLITS a request."""
     return min(max(num_reqs, 2 * items_per_wave), DECODE_ATTENTION_MAX_SPLITS * num_reqs)
 
 
@@ -283,11 +272,10 @@ def decode_attention_scratch(num_reqs: int, items_per_wave: int, q_heads: int, k
 def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
                           scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                           min_chunk: int = DECODE_ATTENTION_MIN_CHUNK) -> bool:
-    """Plan a step of decode attention for requests whose new tokens are at `positions`: cut
-    each context (positions + 1 tokens) into chunks of at least min_chunk tokens that fill one
-    wave of items_per_wave chunks (two where the contexts differ a lot), longest request first,
-    into the scratch's plan (decode_attention.cu says how). On the device, so a graph replays
-    it as captured. False (nothing done) when the kernel does not take these tensors."""
+    """Cut each context (positions + 1 tokens) into chunks of at least min_chunk tokens that
+    fill a wave of items_per_wave, into the scratch's plan (decode_attention.cu says how). On
+    the device, so a graph replays it. False (nothing done) when the kernel does not take these
+    tensors."""
     n, plan = len(positions), scratch[2]
     limit = (1 << 31) // DECODE_ATTENTION_MAX_SPLITS  # the plan counts in int32
     if not (positions.dtype == torch.int64 and positions.dim() == 1 and 0 < n < limit
@@ -309,11 +297,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      items_per_wave: int,
                      scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                      ) -> torch.Tensor | None:
-    """One decode token a request: k_cache[out_loc] = k and v_cache[out_loc] = v, then q
-    [reqs, q_heads, head_dim] attends to the request's tokens 0..positions (their slots in
-    page_table[rows]), chunk by chunk as the scratch's plan says: decode_attention_plan's for
-    these positions and items_per_wave, which the kernel trusts. None (nothing done) when the
-    kernel does not take these tensors."""
+    """One decode token a request: store k and v at out_loc, then q [reqs, q_heads, head_dim]
+    attends to tokens 0..positions (slots in page_table[rows]) as the scratch's plan (trusted)
+    cuts them. None (nothing done) when the kernel does not take these tensors."""
     n, q_heads, head_dim = q.shape if q.dim() == 3 else (0, 0, 0)
     partial, finished, plan = scratch
     items = decode_attention_max_items(n, items_per_wave)

@@ -1,12 +1,7 @@
-"""Building our CUDA sources (csrc/*.cu) at first use, two ways, cached on disk:
-
-- "cuda": nvcc compiles the kernel for this GPU into a shared library;
-- "emulator": a C++ compiler compiles the very same file for the CPU, where csrc/cuda_model.h
-  turns the CUDA execution model into loops and threads (see there).
-
-Each library exports plain C functions that take raw pointers, sizes and a stream; Python calls
-them through ctypes. No torch headers are compiled in, so a build takes seconds, not minutes.
-"""
+"""Our CUDA sources (csrc/*.cu) built at first use and cached on disk: by nvcc for this GPU
+("cuda"), or by a C++ compiler for the CPU ("emulator", csrc/cuda_model.h). Each library exports
+C functions of raw pointers that Python calls through ctypes: no torch headers, so a build takes
+seconds."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""The fused MoE in Triton: all experts in one grouped-GEMM launch per projection.
+"""The fused MoE in Triton: all experts in one grouped-GEMM launch per projection. The (token,
+slot) pairs are sorted by expert, each expert's segment padded to whole BLOCK_M rows, so every
+M-block belongs to one expert and a program multiplies one tile like a dense GEMM.
 
-The (token, slot) pairs are sorted by expert and each expert's segment is padded to a whole
-number of BLOCK_M rows, so every M-block of the sorted list belongs to one expert: a program
-multiplies one BLOCK_M x BLOCK_N tile with that expert's weights, like a dense GEMM.
-
-Triton decides at `@triton.jit` time whether a kernel compiles for the GPU or runs in its CPU
-interpreter (TRITON_INTERPRET=1, which must also stay set while interpreted kernels run). This
-module is therefore imported only when the Triton backend is created (never by `minisgl.moe`
-or `minisgl.kernel` at import time), so the choice is whatever the environment says when the
-engine starts; INTERPRETED records it.
+Triton decides at `@triton.jit` time between the GPU and its CPU interpreter
+(TRITON_INTERPRET=1), so this module is imported only when the Triton backend is created;
+INTERPRETED records the choice.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""GPU time of a small op, without the host's launch cost in it.
-
-A decode step replays its kernels from a CUDA graph (chapter 18), so what a kernel costs there
-is its GPU time. Timing eager calls in a loop would measure the host instead: a few-microsecond
-kernel behind a Python wrapper is launch-bound. So: capture `iters` calls in one graph, replay
-it between two CUDA events, best of `rounds`; `graph=False` times the eager loop the same way,
-for ops that cannot be captured (they synchronise with the host) and to show the launch cost.
-"""
+"""GPU time of a small op as a decode graph pays it: `iters` calls captured in one CUDA graph,
+replayed between two CUDA events, best of `rounds`. `graph=False` times the eager loop the same
+way (ops that cannot be captured; the host's launch cost)."""
 
 from __future__ import annotations
 

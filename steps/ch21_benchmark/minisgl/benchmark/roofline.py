@@ -1,12 +1,7 @@
-"""The roofline cost model: what one forward step must at least move and compute.
-
-Bytes: every linear weight and norm read once, the LM head once, of the embedding only the rows
-of the step's tokens; the K/V of each request's cached tokens read once, the new tokens' K/V
-written once (activations are assumed to stay on chip). FLOPs: 2 x parameters per new token for
-the linear layers; the LM head only on each request's last position; attention 4 x heads x
-head_dim per (query, key) pair, causal among the new tokens. A step cannot take less than
-max(bytes / bandwidth, FLOPs / peak). Pure arithmetic on a model's shape and a step's make-up:
-benchmark/roofline.py records real steps and sets these bounds next to them.
+"""The roofline cost model: the bytes one forward step must at least move (weights, the
+embedding rows of its tokens, K/V read and written) and the FLOPs it must compute, so that no
+step takes less than max(bytes / bandwidth, FLOPs / peak). benchmark/roofline.py sets these
+bounds next to measured steps.
 """
 
 from __future__ import annotations
@@ -153,50 +148,3 @@ def decode_bucket(size: int) -> tuple[int, str]:
             return i, f"{first}" if first == last else f"{first}–{last}"
         first = last + 1
     return len(DECODE_BUCKETS), f"{first}+"
-
-
-@dataclass
-class PhaseRow:
-    """Steps of one phase (and, for decode, one batch-size bucket), summed."""
-
-    phase: str
-    batch_sizes: str  # "2–8": a decode bucket; "" for prefill
-    steps: int = 0
-    tokens: int = 0
-    measured_s: float = 0.0
-    bound_s: float = 0.0
-    memory_s: float = 0.0  # sum of bytes / bandwidth
-    compute_s: float = 0.0  # sum of FLOPs / peak
-    memory_bound_steps: int = 0  # steps whose bound is the bytes (the rest: the FLOPs)
-
-    @property
-    def ratio(self) -> float:
-        return self.measured_s / self.bound_s
-
-    def add(self, step: StepShape, measured: float, cost: Cost, hw: Hardware) -> None:
-        self.steps += 1
-        self.tokens += step.new_tokens
-        self.measured_s += measured
-        self.bound_s += cost.bound(hw)
-        self.memory_s += cost.memory_seconds(hw)
-        self.compute_s += cost.compute_seconds(hw)
-        self.memory_bound_steps += cost.memory_bound(hw)
-
-
-def phase_key(step: StepShape) -> tuple[int, str]:
-    """The row a step is summed into, in the order rows are reported: (-1, "") for prefill,
-    first; a decode step its batch-size bucket (decode_bucket)."""
-    return (-1, "") if step.phase == "prefill" else decode_bucket(step.requests)
-
-
-def aggregate(steps: list[StepShape], seconds: list[float], model: ModelShape, dtype_bytes: int,
-              hw: Hardware) -> list[PhaseRow]:
-    """Prefill first, then decode by batch size. A prefill step computes prompt tokens (chunks
-    included) and, in the same batch, one token of every running request (chapter 10's mixed
-    batch); a decode step only the latter."""
-    rows: dict[tuple[int, str], PhaseRow] = {}
-    for step, measured in zip(steps, seconds, strict=True):
-        key = phase_key(step)
-        row = rows.setdefault(key, PhaseRow(step.phase, key[1]))
-        row.add(step, measured, step_cost(model, step, dtype_bytes), hw)
-    return [rows[key] for key in sorted(rows)]

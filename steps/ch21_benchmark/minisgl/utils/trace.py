@@ -1,18 +1,10 @@
-"""A trace of what every process of a server did, in the Chrome trace-event format.
+"""A trace of what every process of a server did, in the Chrome trace-event format (Perfetto).
 
-`begin(FILE)` in the launching process turns tracing on for it and for every process it starts
-afterwards (they inherit the environment variable it sets). Each process appends its events
-to a part file of its own, one JSON object a line, flushed per line: a child killed mid-write
-loses at most its last line, and no process ever writes into another's file. `finish()` merges
-the parts into FILE, which Perfetto (ui.perfetto.dev) or chrome://tracing opens as it is.
-
-One clock for all: CLOCK_MONOTONIC (time.monotonic_ns) counts from the same origin in every
-process of a machine, so a message's send in one process and its receipt in another line up.
-Each message also gets a flow event at both ends (ph "s" at the send, "f" at the receipt), so
-Perfetto draws an arrow from one process to the other.
-
-Off (the default) every call returns after one test of a module global: nothing is built,
-formatted or written.
+`begin(FILE)` turns tracing on for this process and the ones it starts later (they inherit an
+environment variable). Each process appends its events, a JSON line each, flushed, to a part
+file of its own; `finish()` merges the parts into FILE. All processes share one clock
+(CLOCK_MONOTONIC), and each message gets a flow event at both ends, so Perfetto draws an arrow
+from sender to receiver. Off (the default), every call returns after testing one global.
 """
 
 from __future__ import annotations
