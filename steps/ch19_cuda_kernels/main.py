@@ -1,7 +1,7 @@
 """第 19 章：我们自己的 CUDA kernel。
 
 一、构建：同一份 .cu 源码，nvcc 为 sm_80、sm_90 各编译一次（有 nvcc 时）；C++ 编译器把它编成
-    CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和线程）；
+    CPU 上的模拟器（csrc/cuda_model.h 把网格、线程块、共享内存和 __syncthreads 换成循环和纤程）；
 二、六个 kernel 对参考算子：KV 写入、带词表切片掩码的 gather、Qwen3 的 q/k RMSNorm + RoPE、
     一遍读完 logits 的采样（Gumbel-max）、几行输入的矩阵乘（GEMV，及其门控版：gate_up 投影连同激活）、
     切成几段再合并的 decode 注意力（顺带写入新 token 的 K、V）。CPU 上跑模拟器，GPU 上跑真的 kernel；

@@ -62,9 +62,9 @@ def compile_command(name: str, target: str, output: Path, arch: str | None = Non
     if target == "emulator":
         compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
         if compiler is None:
-            raise KernelBuildError("the CPU emulator needs a C++20 compiler (c++ or g++; or $CXX)")
-        return [compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-x", "c++", source,
-                "-o", str(output), "-lpthread"]
+            raise KernelBuildError("the CPU emulator needs a C++17 compiler (c++ or g++; or $CXX)")
+        return [compiler, "-std=c++17", "-O1", "-fPIC", "-shared", "-x", "c++", source,
+                "-o", str(output)]
     raise ValueError(f"unknown target {target!r}: cuda, cuda-object or emulator")
 
 

@@ -4,13 +4,15 @@
 // programmatic-dependent-launch calls (below) and bfloat16 conversions written once for both
 // builds.
 //
-// A C++ compiler (the CPU emulator): the CUDA execution model rebuilt from threads. A launch runs
-// the grid's blocks one after another; the threads of a block run at the same time as
-// std::threads, so that __syncthreads() is a real barrier among them. __shared__ becomes
-// `static`: one copy that every thread of the running block sees -- blocks never overlap, so it
-// is exactly a block's shared memory. threadIdx, blockIdx, blockDim and gridDim are per-thread
-// variables set before the kernel body runs. A warp shuffle is an exchange through memory between
-// two barriers (see there). The kernel's own code, index arithmetic included, is what executes.
+// A C++ compiler (the CPU emulator): the CUDA execution model rebuilt on the CPU. A launch runs
+// the grid's blocks one after another; each thread of a block is a fiber (ucontext) of the
+// launching thread, with its own stack, so that __syncthreads() is a real barrier among them: a
+// thread that reaches it switches to the next, and the block goes on once all have reached it.
+// __shared__ becomes `static`: one copy that every thread of the running block sees -- blocks
+// never overlap, so it is exactly a block's shared memory. threadIdx, blockIdx, blockDim and
+// gridDim are plain variables, threadIdx set to a thread's own each time it takes its turn. A
+// warp shuffle is an exchange through memory between two barriers (see there). The kernel's
+// own code, index arithmetic included, is what executes.
 #pragma once
 
 #include <cstdint>
@@ -58,11 +60,14 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, void
 
 #else  // the emulator
 
-#include <atomic>
-#include <barrier>
 #include <functional>
-#include <thread>
+#include <memory>
 #include <vector>
+
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700  // macOS declares the ucontext calls only then
+#endif
+#include <ucontext.h>
 
 #define __global__
 #define __device__
@@ -80,29 +85,65 @@ struct dim3 {
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 
 namespace emulator {
+// A block's CUDA threads are fibers of the launching thread, not operating-system threads: at a
+// barrier, a fiber hands the CPU straight to the next one (a switch of registers and stack in
+// this process), where each operating-system thread would go to sleep and wait for the kernel
+// to wake it -- far slower, above all on a machine of few cores busy with other work.
 inline thread_local dim3 thread_idx, block_idx, block_dim, grid_dim;
-inline thread_local std::barrier<>* block_barrier = nullptr;
 
-// Runs body() once per thread of the grid, block after block.
+struct Block {  // the running block's threads
+  const std::function<void()>* body = nullptr;
+  std::vector<ucontext_t> threads;
+  std::vector<bool> finished;
+  ucontext_t launcher;  // where a thread goes when its body returns
+  unsigned current = 0;
+};
+inline thread_local Block* running = nullptr;
+
+inline void run_thread() { (*running->body)(); }
+
+// Makes the next unfinished thread after the current one (in a circle) current, threadIdx its.
+inline unsigned switch_to_next(Block& block) {
+  const unsigned n = block.threads.size();
+  do block.current = (block.current + 1) % n; while (block.finished[block.current]);
+  const unsigned t = block.current, x = block_dim.x, y = block_dim.y;
+  thread_idx = dim3(t % x, t / x % y, t / (x * y));
+  return t;
+}
+
+// Runs body() once per thread of the grid, block after block. The threads of a block take
+// turns in a fixed circle, each running up to its next barrier (or its end), so the last to
+// reach a barrier hands back to the first: none passes a barrier before all have reached it.
 inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+  constexpr size_t kStack = 256 * 1024;  // address space: only the pages a thread touches are used
   const unsigned threads = block.x * block.y * block.z;
+  static thread_local std::unique_ptr<char[]> stacks;
+  static thread_local unsigned stacks_for = 0;
+  if (stacks_for < threads) stacks.reset(new char[threads * kStack]), stacks_for = threads;
+  Block state;
+  state.body = &body;
+  state.threads.resize(threads);
+  running = &state, block_dim = block, grid_dim = grid;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        std::barrier<> barrier(threads);
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            thread_idx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-            block_idx = dim3(bx, by, bz);
-            block_dim = block;
-            grid_dim = grid;
-            block_barrier = &barrier;
-            body();
-          });
-        for (auto& thread : pool) thread.join();
+        block_idx = dim3(bx, by, bz);
+        for (unsigned t = 0; t < threads; ++t) {  // each thread starts at run_thread, own stack
+          ucontext_t& fiber = state.threads[t];
+          getcontext(&fiber);
+          fiber.uc_stack.ss_sp = stacks.get() + t * kStack;
+          fiber.uc_stack.ss_size = kStack;
+          fiber.uc_link = &state.launcher;
+          makecontext(&fiber, run_thread, 0);
+        }
+        state.finished.assign(threads, false);
+        state.current = threads - 1;  // so that thread 0 goes first
+        for (unsigned left = threads; left > 0; --left) {  // back here each time one returns
+          swapcontext(&state.launcher, &state.threads[switch_to_next(state)]);
+          state.finished[state.current] = true;
+        }
       }
+  running = nullptr;
 }
 }  // namespace emulator
 
@@ -110,7 +151,12 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
 #define blockIdx (emulator::block_idx)
 #define blockDim (emulator::block_dim)
 #define gridDim (emulator::grid_dim)
-inline void __syncthreads() { emulator::block_barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+  emulator::Block& block = *emulator::running;
+  const unsigned me = block.current;
+  if (emulator::switch_to_next(block) != me)  // else every other thread has finished
+    swapcontext(&block.threads[me], &block.threads[block.current]);
+}
 
 // `value` as held by the lane whose index differs by `lane_mask` (below 32: the same warp). The
 // barriers are the block's, so every thread of the block must make the call at the same point
@@ -126,11 +172,15 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask) {
   return theirs;
 }
 
-// Blocks run one after another, so these only need to be right among a block's threads.
+// Blocks run one after another and a block's threads take turns on one CPU thread, switching
+// only at barriers: a plain read-modify-write is already atomic, and there is no other processor
+// whose view of memory a fence would order.
 inline int32_t atomicAdd(int32_t* address, int32_t value) {
-  return std::atomic_ref<int32_t>(*address).fetch_add(value);
+  const int32_t old = *address;
+  *address = old + value;
+  return old;
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {}
 template <typename T> inline T __ldcg(const T* address) { return *address; }  // no L1 here
 
 #define LAUNCH(kernel, grid, block, stream, ...) \
