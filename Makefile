@@ -25,7 +25,7 @@ check: setup
 # ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
 test: setup browser
 	$(PY) -m compileall -q python/minisgl tests
-	$(PY) -m pytest -q -n $(JOBS) --dist loadscope
+	$(PY) -m pytest -q -n $(JOBS) --dist loadscope --durations=15
 
 book: setup
 	$(PY) -m mkdocs build --strict
