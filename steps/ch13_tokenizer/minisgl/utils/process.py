@@ -18,16 +18,11 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-# forkserver: a fresh interpreter, started once per launcher, imports the heavy modules below
-# and then forks one copy of itself per child. Not fork: the launcher has threads, ZMQ sockets
-# and perhaps CUDA, which a forked child would inherit half alive. Not spawn: each spawned child
-# is a new interpreter that imports torch again, over a second of CPU per child.
+# Not fork: a child would inherit the launcher's threads, ZMQ sockets and CUDA half alive. Not
+# spawn: each child would import torch again. The forkserver imports the heavy modules once.
 _CTX = mp.get_context("forkserver")
-# Importing these opens no socket and leaves CUDA uninitialised (torch initialises it on first
-# use), so each child still picks its own GPU; the one thread they start, OpenBLAS's pool under
-# numpy, stops and restarts around fork itself. So forking after them is safe.
-# Third-party only: the forkserver of Python 3.11 and 3.12 ignores the launcher's sys.path, so
-# our own modules could come from another tree; a child imports those itself, in milliseconds.
+# Safe to fork after: they open no socket and leave CUDA uninitialised. Third-party only: the
+# forkserver ignores the launcher's sys.path, so our own modules could come from another tree.
 _PRELOAD = ["torch", "safetensors", "zmq", "msgpack", "transformers.models.auto.tokenization_auto"]
 _CTX.set_forkserver_preload(_PRELOAD)
 
@@ -64,9 +59,8 @@ class ReadyQueue:
 def _exit_with_launcher() -> None:
     """A thread that ends this process once the launcher is gone, so a launcher killed without
     warning (SIGKILL) leaves no orphans behind."""
-    # Our parent is the forkserver, not the launcher. multiprocessing hands each child the read
-    # end of a pipe whose write end only the launcher holds: the kernel closes it when the
-    # launcher dies, however it dies, and join() returns.
+    # Our parent is the forkserver. join() waits on a pipe whose write end only the launcher
+    # holds: the kernel closes it however the launcher dies.
     launcher = mp.parent_process()
     assert launcher is not None
 
@@ -111,25 +105,21 @@ def wait_ready(processes: list[BaseProcess], status: ReadyQueue, expected: int,
     infos: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
     while len(infos) < expected:
-        report = status.get(timeout=0.2)
-        if report is not None:
-            kind, name, info = report
-            if kind == "failed":
-                # A rank fails because its peer died (a broken connection): name the dead too.
-                dead = "".join(f"{p.name} exited with code {p.exitcode} before it was ready\n"
-                               for p in processes if p.exitcode is not None and p.name != name)
-                raise RuntimeError(f"{dead}{name} failed while starting:\n{info}")
-            infos[name] = info
-            continue
         dead = [p for p in processes if p.exitcode is not None]
-        if dead:
-            time.sleep(0.5)  # a dying child's traceback may still be on its way
-            report = status.get(timeout=0.5)
-            if report is not None and report[0] == "failed":
-                raise RuntimeError(f"{report[1]} failed while starting:\n{report[2]}")
+        # Once a child has died, wait longer: its traceback may still be on its way.
+        report = status.get(timeout=1.0 if dead else 0.2)
+        if report is not None and report[0] == "ready":
+            infos[report[1]] = report[2]
+        elif report is not None:
+            _, name, info = report
+            # A rank fails because its peer died (a broken connection): name the dead too.
+            others = "".join(f"{p.name} exited with code {p.exitcode} before it was ready\n"
+                             for p in processes if p.exitcode is not None and p.name != name)
+            raise RuntimeError(f"{others}{name} failed while starting:\n{info}")
+        elif dead:
             raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}" for p in dead)
                                + " before it was ready")
-        if time.monotonic() > deadline:
+        elif time.monotonic() > deadline:
             raise RuntimeError(f"only {len(infos)} of {expected} processes were ready "
                                f"after {timeout:.0f} s")
     return infos

@@ -79,16 +79,15 @@ def start_backend(args: ServerArgs) -> Backend:
 
 
 def http_url(host: str, port: int) -> str:
-    """The server's address as a URL: an IPv6 host goes in brackets (http://[::1]:1919), or
-    its colons would read as the port's."""
+    """The server's URL: an IPv6 host goes in brackets (http://[::1]:1919)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then raises the signal again,
-        # which would kill this process before it stops its children. Return normally instead.
+        # uvicorn raises the signal again after its shutdown, which would kill this process
+        # before it stops its children.
         signals = (signal.SIGINT, signal.SIGTERM)
         previous = {s: signal.signal(s, self.handle_exit) for s in signals}
         try:

@@ -15,8 +15,7 @@ from minisgl.core import SamplingParams
 MAX_TOP_K = 2**31 - 1
 
 # Fields of OpenAI's API that this server does not implement, each with the values that ask for
-# nothing (null is one too). Clients send some of those anyway (n=1, penalties 0, logprobs
-# false); any other value is refused by name instead of being silently ignored.
+# nothing (null too), which clients send anyway; any other value is refused, never ignored.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
@@ -123,11 +122,6 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def completion_body(uid: int, model: str, chat: bool, text: str, finish_reason: str | None,

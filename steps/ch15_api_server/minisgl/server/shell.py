@@ -9,17 +9,17 @@ import threading
 
 from minisgl.core import SamplingParams
 
+from .api_server import Generation
 from .frontend import Frontend
+from .protocol import APIError
 
 HELP = "Type a message. /reset forgets the conversation, /exit (or Ctrl-D) quits."
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
-    """A daemon thread's body: put each line of stdin on `lines`, then None at its end.
-    Not an executor thread: asyncio.run and the interpreter's exit join those, so Ctrl-C at
-    the prompt would wait for the next Enter. It reads stdin's unbuffered file, a byte at a
-    time: a thread parked inside sys.stdin holds its buffer's lock, and the interpreter aborts
-    if it has to close that buffer at exit."""
+    """A daemon thread's body, not an executor's (Ctrl-C would wait for the next Enter): each
+    line of stdin on `lines`, then None. It reads the unbuffered file: a thread parked in
+    sys.stdin holds its buffer's lock, and the interpreter aborts if it must close it at exit."""
     encoding = sys.stdin.encoding or "utf-8"
     try:
         for line in iter(sys.stdin.buffer.raw.readline, b""):
@@ -27,15 +27,6 @@ def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
         loop.call_soon_threadsafe(lines.put_nowait, None)
     except RuntimeError:  # the loop has closed: the shell has ended
         pass
-
-
-async def _input(lines: asyncio.Queue) -> str:
-    """The next line typed at the prompt, like input(); EOFError at the end of stdin."""
-    print("> ", end="", flush=True)
-    line = await lines.get()
-    if line is None:
-        raise EOFError
-    return line
 
 
 async def _chat(frontend: Frontend, max_seq_len: int) -> None:
@@ -51,9 +42,8 @@ async def _chat(frontend: Frontend, max_seq_len: int) -> None:
     history: list[dict[str, str]] = []
     print(HELP)
     while True:
-        try:
-            line = await _input(lines)
-        except EOFError:
+        print("> ", end="", flush=True)
+        if (line := await lines.get()) is None:  # the end of stdin (Ctrl-D)
             print()
             return
         line = line.strip()
@@ -66,25 +56,19 @@ async def _chat(frontend: Frontend, max_seq_len: int) -> None:
         if not line:
             continue
         history.append({"role": "user", "content": line})
-        uid, replies = frontend.submit(history, SamplingParams(max_tokens=max_seq_len), True)
-        answer, finished = [], False
         try:
-            while not finished:
-                reply = await replies.get()
-                if reply.error:
-                    print(f"[error] {reply.error}")
-                    history.pop()  # the turn did not happen
-                    break
-                print(reply.incremental_output, end="", flush=True)
-                answer.append(reply.incremental_output)
-                finished = reply.finished
-        finally:
-            if finished:
-                frontend.done(uid)
-                history.append({"role": "assistant", "content": "".join(answer)})
-                print()
-            else:
-                frontend.abort(uid)
+            uid, replies = frontend.submit(history, SamplingParams(max_tokens=max_seq_len), True)
+            gen, answer = Generation(frontend, uid, replies, stops=[]), ""
+            await gen.wait_first()  # Ctrl-C aborts the request, as a client's departure does
+            async for piece in gen.pieces():
+                print(piece, end="", flush=True)
+                answer += piece
+        except APIError as e:  # refused, e.g. a conversation longer than max_seq_len
+            print(f"[error] {e.message}")
+            history.pop()  # the turn did not happen
+            continue
+        history.append({"role": "assistant", "content": answer})
+        print()
 
 
 def run_shell(tokenizer_inboxes: list[str], frontend_address: str, max_seq_len: int) -> None:

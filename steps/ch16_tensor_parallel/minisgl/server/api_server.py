@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,7 @@ from minisgl.tokenizer import StopMatcher
 
 from .frontend import Frontend, ServerFailed
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, SamplingFields,
-                       completion_body, usage)
+                       completion_body)
 
 CHECK_CLIENT_S = 0.5  # how often a non-streaming request checks that its client is still there
 
@@ -38,34 +39,29 @@ class Generation:
 
     @property
     def usage(self) -> dict[str, int]:
-        return usage(self.prompt_tokens, self.completion_tokens)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
 
     async def _next(self, client_gone: Callable[[], Awaitable[bool]] | None
                     ) -> UserReply | None:
         """The next reply, or None once `client_gone` says so; raises ServerFailed if a process
-        of the server has died."""
-        reply = await self._wait(client_gone)
-        if isinstance(reply, ServerFailed):
-            raise reply
-        return reply
-
-    async def _wait(self, client_gone: Callable[[], Awaitable[bool]] | None
-                    ) -> UserReply | ServerFailed | None:
-        """What comes next. `client_gone` is asked every CHECK_CLIENT_S even while replies
-        keep coming: a busy request must notice too."""
-        if client_gone is None:  # streaming: Starlette watches the client for us
-            return await self.queue.get()
+        of the server has died. `client_gone` is asked every CHECK_CLIENT_S even while replies
+        keep coming: a busy request must notice too (streaming: Starlette watches for us)."""
+        timeout = None if client_gone is None else CHECK_CLIENT_S
         while True:
-            if time.monotonic() - self.checked > CHECK_CLIENT_S:
+            if client_gone is not None and time.monotonic() - self.checked > CHECK_CLIENT_S:
                 self.checked = time.monotonic()
                 if await client_gone():
                     return None
             try:
-                return await asyncio.wait_for(self.queue.get(), CHECK_CLIENT_S)
+                reply = await asyncio.wait_for(self.queue.get(), timeout)
             except asyncio.TimeoutError:
                 continue
+            if isinstance(reply, ServerFailed):
+                raise reply
+            return reply
 
-    async def wait_first(self, client_gone: Callable[[], Awaitable[bool]]) -> None:
+    async def wait_first(self, client_gone: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Wait for the first reply (a request may queue for long), watching the client: a
         refusal becomes an APIError, and a departure or a cancellation frees the request."""
         try:
@@ -82,10 +78,8 @@ class Generation:
         self.first = first
 
     def _with_queued(self, reply: UserReply) -> list[UserReply]:
-        """`reply` and the replies already queued behind it. When the reader falls behind (a
-        slow client, or a server busy with many streams), the tokens that piled up go out as
-        one piece: one chunk costs the same JSON encoding, SSE event and socket write whether
-        it carries one token or ten, so a stream catches up instead of falling further back."""
+        """`reply` and the replies queued behind it: a chunk costs the same whether it carries
+        one token or ten, so a stream that fell behind catches up."""
         replies = [reply]
         # Once the server has failed, a ServerFailed waits in the queue: _next raises it.
         while (not replies[-1].finished and not self.queue.empty()
@@ -95,10 +89,8 @@ class Generation:
 
     async def pieces(self, client_gone: Callable[[], Awaitable[bool]] | None = None
                      ) -> AsyncIterator[str]:
-        """The text as it is produced; finish_reason is set once it ends. If the client goes
-        away, `finally` aborts the request, which frees its KV pages; so does a stop string.
-        A streaming client's departure shows when Starlette cancels the task reading us; a
-        non-streaming one's only when asked: `client_gone` is polled every CHECK_CLIENT_S."""
+        """The text as it is produced; finish_reason is set once it ends. A request that ends
+        early (the client is gone, a stop string) is aborted, which frees its KV pages."""
         reply: UserReply | None = self.first
         ended = False
         try:
@@ -128,11 +120,8 @@ class Generation:
 
 
 class GenerationStream(StreamingResponse):
-    """A streamed answer that frees its request however the stream ends. Generation.pieces
-    does so when it is cancelled, but a client can leave before the stream reaches it (during
-    the chat stream's role chunk, or before the first byte is sent): then no code of the
-    generator's ever runs again, and the request would wait in the frontend forever. abort()
-    does nothing once the request has ended."""
+    """A streamed answer that frees its request however the stream ends, even if the client
+    left before the generator ran (abort() does nothing once the request has ended)."""
 
     def __init__(self, events: AsyncIterator[str], gen: Generation) -> None:
         super().__init__(events, media_type="text/event-stream")
@@ -153,8 +142,7 @@ async def _events(gen: Generation, model_name: str, chat: bool,
                   include_usage: bool) -> AsyncIterator[str]:
     """A streamed answer as server-sent events: the role (chat only), one chunk per piece of
     text, the finish reason, the usage if asked for, and [DONE]. If a process of the server
-    dies meanwhile, the stream ends with an OpenAI error object and [DONE]: the status line
-    has gone out already, and a reader that waits for [DONE] must not wait forever."""
+    dies meanwhile, an error object and [DONE]: the status line has gone out already."""
     if chat:  # the first chunk of a chat stream names the role, and only that one
         first = completion_body(gen.uid, model_name, True, "", None, True)
         first["choices"][0]["delta"]["role"] = "assistant"
@@ -173,21 +161,18 @@ async def _events(gen: Generation, model_name: str, chat: bool,
     yield "data: [DONE]\n\n"
 
 
-def _lifespan(frontend: Frontend, on_ready: Callable[[], Awaitable[None]] | None):
+@asynccontextmanager
+async def _lifespan(frontend: Frontend, on_ready: Callable[[], Awaitable[None]] | None,
+                    _: FastAPI) -> AsyncIterator[None]:
     """Start the Frontend (and `on_ready`) once the event loop is up; close it at the end."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        frontend.start(asyncio.get_running_loop())
-        ready = asyncio.create_task(on_ready()) if on_ready else None
-        try:
-            yield
-        finally:
-            if ready is not None:
-                ready.cancel()
-            frontend.close()
-
-    return lifespan
+    frontend.start(asyncio.get_running_loop())
+    ready = asyncio.create_task(on_ready()) if on_ready else None
+    try:
+        yield
+    finally:
+        if ready is not None:
+            ready.cancel()
+        frontend.close()
 
 
 async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -215,9 +200,9 @@ ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _invalid_body,
 
 def create_app(frontend: Frontend, model_name: str, max_seq_len: int,
                on_ready: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """The app; `on_ready` runs once the event loop is up (the launcher waits there until
-    the socket listens, then says it is ready)."""
-    app = FastAPI(title="mini-sglang", version="0.1", lifespan=_lifespan(frontend, on_ready),
+    """The app; `on_ready` runs once the event loop is up."""
+    lifespan = partial(_lifespan, frontend, on_ready)
+    app = FastAPI(title="mini-sglang", version="0.1", lifespan=lifespan,
                   exception_handlers=ERROR_HANDLERS)
 
     async def start(body: SamplingFields, prompt: Any, default_max_tokens: int | None,

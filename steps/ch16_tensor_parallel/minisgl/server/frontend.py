@@ -24,10 +24,8 @@ class ServerFailed(APIError):
 
 class Frontend:
     """Lives in the event loop's thread, except for one listener thread that only receives.
-
-    A request's messages all go to the same tokenizer (uid modulo their number), so its abort
-    can never overtake its prompt.
-    """
+    A request's messages all go to one tokenizer (uid modulo their number): its abort cannot
+    overtake its prompt."""
 
     def __init__(self, tokenizer_inboxes: list[str], frontend: str) -> None:
         self.to_tokenizers = [PushQueue(a, bind=False, encode=encode) for a in tokenizer_inboxes]

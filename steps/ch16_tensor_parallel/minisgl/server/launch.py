@@ -43,8 +43,7 @@ class Backend:
     run_id: str
 
     def exited(self) -> ChildExit | None:
-        """The child whose exit ended the run; None while all are running. Once serving,
-        any exit is fatal: nothing else can do that child's part."""
+        """The child whose exit ended the run (any exit does); None while all are running."""
         return first_exit(self.processes, self.status)
 
     def stop(self) -> None:
@@ -85,16 +84,15 @@ def start_backend(args: ServerArgs) -> Backend:
 
 
 def http_url(host: str, port: int) -> str:
-    """The server's address as a URL: an IPv6 host goes in brackets (http://[::1]:1919), or
-    its colons would read as the port's."""
+    """The server's URL: an IPv6 host goes in brackets (http://[::1]:1919)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then raises the signal again,
-        # which would kill this process before it stops its children. Return normally instead.
+        # uvicorn raises the signal again after its shutdown, which would kill this process
+        # before it stops its children.
         signals = (signal.SIGINT, signal.SIGTERM)
         previous = {s: signal.signal(s, self.handle_exit) for s in signals}
         try:
@@ -110,10 +108,8 @@ class _Server(uvicorn.Server):
 
 
 def serve(args: ServerArgs, backend: Backend) -> bool:
-    """HTTP until SIGINT/SIGTERM (uvicorn handles both and shuts down gracefully), or until a
-    child process dies: then nothing could answer any more, and waiting would hang every
-    client. Every open request gets an error at once, and so does every request that comes
-    before the server has closed its socket. False in that case."""
+    """HTTP until SIGINT/SIGTERM (uvicorn shuts down gracefully), or until a child process
+    dies: then every open or new request gets an error at once, and it returns False."""
     frontend = Frontend(backend.tokenizer_inboxes, backend.frontend)
     server: _Server | None = None
 

@@ -9,20 +9,19 @@ import threading
 from collections.abc import Callable
 
 from minisgl.core import SamplingParams
-from minisgl.message import UserReply
 from minisgl.utils.process import ChildExit
 
-from .frontend import Frontend
+from .api_server import Generation
+from .frontend import Frontend, ServerFailed
+from .protocol import APIError
 
 HELP = "Type a message. /reset forgets the conversation, /exit (or Ctrl-D) quits."
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
-    """A daemon thread's body: put each line of stdin on `lines`, then None at its end.
-    Not an executor thread: asyncio.run and the interpreter's exit join those, so Ctrl-C at
-    the prompt would wait for the next Enter. It reads stdin's unbuffered file, a byte at a
-    time: a thread parked inside sys.stdin holds its buffer's lock, and the interpreter aborts
-    if it has to close that buffer at exit."""
+    """A daemon thread's body, not an executor's (Ctrl-C would wait for the next Enter): each
+    line of stdin on `lines`, then None. It reads the unbuffered file: a thread parked in
+    sys.stdin holds its buffer's lock, and the interpreter aborts if it must close it at exit."""
     encoding = sys.stdin.encoding or "utf-8"
     try:
         for line in iter(sys.stdin.buffer.raw.readline, b""):
@@ -32,25 +31,11 @@ def _read_stdin(loop: asyncio.AbstractEventLoop, lines: asyncio.Queue) -> None:
         pass
 
 
-async def _input(lines: asyncio.Queue) -> str:
-    """The next line typed at the prompt, like input(); EOFError at the end of stdin."""
-    print("> ", end="", flush=True)
-    line = await lines.get()
-    if line is None:
-        raise EOFError
-    return line
-
-
-async def _next_reply(replies: asyncio.Queue,
-                      exited: Callable[[], ChildExit | None]) -> UserReply | None:
-    """The next reply; None if a child process has died meanwhile (no reply would ever come)."""
-    while True:
-        try:
-            return await asyncio.wait_for(replies.get(), 0.5)
-        except asyncio.TimeoutError:
-            if (gone := exited()) is not None:
-                print(f"\n[error] {gone}; the shell stops")
-                return None
+async def _watch(frontend: Frontend, exited: Callable[[], ChildExit | None]) -> None:
+    """Fail every request once a child process has died: no reply would ever come."""
+    while (gone := exited()) is None:
+        await asyncio.sleep(0.5)
+    frontend.fail(str(gone))
 
 
 async def _chat(frontend: Frontend, max_seq_len: int,
@@ -63,14 +48,14 @@ async def _chat(frontend: Frontend, max_seq_len: int,
     # epoll_wait, no timer due. add_signal_handler's wakeup fd wakes it from any thread.
     loop.add_signal_handler(signal.SIGINT, asyncio.current_task().cancel)
     frontend.start(loop)
+    watch = asyncio.create_task(_watch(frontend, exited))  # held: the loop keeps tasks weakly
     lines: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(target=_read_stdin, args=(loop, lines), name="stdin", daemon=True).start()
     history: list[dict[str, str]] = []
     print(HELP)
     while True:
-        try:
-            line = await _input(lines)
-        except EOFError:
+        print("> ", end="", flush=True)
+        if (line := await lines.get()) is None:  # the end of stdin (Ctrl-D)
             print()
             return True
         line = line.strip()
@@ -83,27 +68,22 @@ async def _chat(frontend: Frontend, max_seq_len: int,
         if not line:
             continue
         history.append({"role": "user", "content": line})
-        uid, replies = frontend.submit(history, SamplingParams(max_tokens=max_seq_len), True)
-        answer, finished = [], False
         try:
-            while not finished:
-                reply = await _next_reply(replies, exited)
-                if reply is None:
-                    return False
-                if reply.error:
-                    print(f"[error] {reply.error}")
-                    history.pop()  # the turn did not happen
-                    break
-                print(reply.incremental_output, end="", flush=True)
-                answer.append(reply.incremental_output)
-                finished = reply.finished
-        finally:
-            if finished:
-                frontend.done(uid)
-                history.append({"role": "assistant", "content": "".join(answer)})
-                print()
-            else:
-                frontend.abort(uid)
+            uid, replies = frontend.submit(history, SamplingParams(max_tokens=max_seq_len), True)
+            gen, answer = Generation(frontend, uid, replies, stops=[]), ""
+            await gen.wait_first()  # Ctrl-C aborts the request, as a client's departure does
+            async for piece in gen.pieces():
+                print(piece, end="", flush=True)
+                answer += piece
+        except ServerFailed as e:
+            print(f"\n[error] {e.message}; the shell stops")
+            return False
+        except APIError as e:  # refused, e.g. a conversation longer than max_seq_len
+            print(f"[error] {e.message}")
+            history.pop()  # the turn did not happen
+            continue
+        history.append({"role": "assistant", "content": answer})
+        print()
 
 
 def run_shell(tokenizer_inboxes: list[str], frontend_address: str, max_seq_len: int,

@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=1919,
                    help="port to listen on (0: any free one, named in the ready line)")
     p.add_argument("--shell", action="store_true",
-                   help="chat in this terminal instead of serving HTTP (/reset clears the "
-                        "history, /exit quits)")
+                   help="chat in this terminal instead of serving HTTP")
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1,
                    help="tensor-parallel ranks: one scheduler process (and one GPU) each")
     p.add_argument("--num-tokenizer", type=int, default=0,

@@ -119,10 +119,8 @@ class LLM:
         llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
         # -> [{"text": " Paris. ...", "token_ids": [7042, 30, ...]}]
 
-    Keyword arguments are SchedulerConfig's (and so EngineConfig's) fields; with tp_size=N
-    the model runs sharded over N scheduler processes, exactly as the server runs it.
-    trace=FILE records every step (and, with TP > 1, every rank) as a Chrome trace, written
-    to FILE by shutdown().
+    Keyword arguments are SchedulerConfig's (and so EngineConfig's) fields; tp_size=N runs N
+    scheduler processes, as the server does. trace=FILE: a Chrome trace, written by shutdown().
     """
 
     def __init__(self, model_path: str, dtype: torch.dtype = torch.float32,

@@ -54,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=1919,
                    help="port to listen on (0: any free one, named in the ready line)")
     p.add_argument("--shell", action="store_true",
-                   help="chat in this terminal instead of serving HTTP (/reset clears the "
-                        "history, /exit quits)")
+                   help="chat in this terminal instead of serving HTTP")
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1,
                    help="tensor-parallel ranks: one scheduler process (and one GPU) each")
     p.add_argument("--num-tokenizer", type=int, default=0,
@@ -76,9 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-req", type=int, default=256,
                    help="requests that can run at once (rows of the page table)")
     p.add_argument("--max-queued-req", type=int, default=4096,
-                   help="requests that may wait for their first token at once (queued for a "
-                        "row or KV pages, or in their prefill); the API server answers one more "
-                        "at once with 503")
+                   help="requests that may wait for their first token at once; the API "
+                        "server answers one more at once with 503")
     p.add_argument("--num-pages", type=int, default=None,
                    help="KV pages in the pool (default: sized from memory)")
     p.add_argument("--max-seq-len", type=int, default=None,
@@ -133,12 +131,10 @@ def check_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argpar
     if not (model / "config.json").is_file():
         parser.error(f"--model {a.model}: no config.json there; it must be a Hugging Face "
                      "checkpoint directory")
-    if a.tp < 1:
-        parser.error(f"--tp must be >= 1, got {a.tp}")
-    if a.num_tokenizer < 0:
-        parser.error(f"--num-tokenizer must be >= 0, got {a.num_tokenizer}")
-    if a.max_queued_req < 1:
-        parser.error(f"--max-queued-req must be >= 1, got {a.max_queued_req}")
+    for flag, value, low in (("--tp", a.tp, 1), ("--num-tokenizer", a.num_tokenizer, 0),
+                             ("--max-queued-req", a.max_queued_req, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}, got {value}")
     if not 0 <= a.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {a.port}")
     if not a.shell and (problem := _cannot_listen(a.host, a.port)):

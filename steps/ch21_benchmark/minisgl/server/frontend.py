@@ -25,14 +25,9 @@ class ServerFailed(APIError):
 
 class Frontend:
     """Lives in the event loop's thread, except for one listener thread that only receives.
-
-    A request's messages all go to the same tokenizer (uid modulo their number), so its abort
-    can never overtake its prompt.
-
-    At most `max_queued` requests may wait for their first reply (in a tokenizer, in the
-    scheduler's queue or in their prefill); one more is refused here, before it costs any other
-    process anything. Requests that have had a reply are running: the KV pool bounds them.
-    """
+    A request's messages all go to one tokenizer (uid modulo their number): its abort cannot
+    overtake its prompt. One more than `max_queued` requests waiting for their first reply is
+    refused here, before it costs another process anything (the KV pool bounds the running)."""
 
     def __init__(self, tokenizer_inboxes: list[str], frontend: str,
                  max_queued: int | None = None) -> None:
@@ -85,8 +80,7 @@ class Frontend:
                fit_to_context: bool = False) -> tuple[int, asyncio.Queue]:
         """Send a request; its UserReplies arrive on the returned queue, the last one with
         finished=True, or a ServerFailed. The caller must call done(uid) once it stops reading.
-        A 503 when max_queued requests are waiting for their first reply already: the request
-        is fine and may succeed later (OpenAI's clients retry it by themselves)."""
+        A full queue is a 503: the request may succeed later (OpenAI's clients retry it)."""
         if self.failure is not None:
             raise ServerFailed(self.failure)
         if self.max_queued is not None and len(self.queued) >= self.max_queued:
