@@ -50,6 +50,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from online import (Request, Server, every_page_back, prompt_ids, random_text,
                     single_token_words, stop_server, wait_idle)
@@ -248,23 +249,28 @@ async def get_stats(http) -> dict[str, int]:
     return r.json()
 
 
-def tcp_connections(pid: int) -> int:
-    """The TCP connections `pid` holds open (its sockets that are not listening), from /proc."""
+def http_connections(pid: int, port: int) -> int:
+    """The connections to the server's HTTP `port` that `pid` holds open, from /proc: its
+    sockets in the TCP tables whose local port it is, except the listening one."""
     try:
         sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         tables = [Path(f"/proc/{pid}/net/{t}").read_text() for t in ("tcp", "tcp6")]
     except (FileNotFoundError, ProcessLookupError):
         return 0
     rows = [line.split() for table in tables for line in table.splitlines()[1:]]
-    return sum(row[3] != "0A" and f"socket:[{row[9]}]" in sockets for row in rows)  # 0A: LISTEN
+    # A row: slot, local address:port (hex), remote, state (0A: listening), ..., inode (10th).
+    return sum(int(row[1].rsplit(":", 1)[1], 16) == port and row[3] != "0A"
+               and f"socket:[{row[9]}]" in sockets for row in rows)
 
 
-async def idle_fds(processes: dict[str, int], timeout: float = 10.0) -> dict[str, int]:
+async def idle_fds(processes: dict[str, int], port: int, timeout: float = 10.0
+                   ) -> dict[str, int]:
     """Open fds per process once no client is connected: called with every client closed, it
     waits until the server has closed its end of each connection too (a moment after the
     client's), or `timeout` (a connection the server never closes is then counted)."""
     deadline = time.monotonic() + timeout
-    while any(map(tcp_connections, processes.values())) and time.monotonic() < deadline:
+    while (any(http_connections(pid, port) for pid in processes.values())
+           and time.monotonic() < deadline):
         await asyncio.sleep(0.05)
     return {n: f for n, p in processes.items() if (f := open_fds(p)) is not None}
 
@@ -345,7 +351,8 @@ async def soak(url: str, processes: dict[str, int], args: argparse.Namespace,
         if primer.error_count:
             raise RuntimeError(f"预备请求出错：{primer.errors}")
         await wait_idle(http, 30)
-    baseline = await idle_fds(processes)  # our connection closed: no connection counts
+    port = urlparse(url).port
+    baseline = await idle_fds(processes, port)  # ours closed: no connection counts
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         tally, samples = Tally(), []
         start = time.monotonic()
@@ -362,7 +369,8 @@ async def soak(url: str, processes: dict[str, int], args: argparse.Namespace,
         for c in clients:
             c.result()  # a client that crashed is the script's bug: say so
         stats = await wait_idle(http, 30)
-    end = {"stats": stats, "fds": await idle_fds(processes), "seconds": time.monotonic() - start}
+    end = {"stats": stats, "fds": await idle_fds(processes, port),
+           "seconds": time.monotonic() - start}
     samples.append(sample(processes, stats, start, tally))
     rss = {name: rss_growth(samples, args.warm_up, name) for name in processes}
     return {"baseline_fds": baseline, "samples": samples, "end": end, "tally": asdict(tally),
