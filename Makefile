@@ -11,8 +11,10 @@ TRITON ?= triton==3.9.0
 # Test processes at once (pytest-xdist): one per usable CPU. Each worker runs its own in-process
 # models on CPUs/JOBS threads (tests/conftest.py); the servers and engines the tests start pick
 # their threads as they would alone. JOBS=0 runs the suite in this one process. A module's tests
-# stay on one worker (loadscope): its module-scoped servers and process groups start once, not
+# stay on one worker (loadfile): its module-scoped servers and process groups start once, not
 # once per worker that happens to run one of its tests (on 2 cores: 427 s with load, 339 s).
+# Not loadscope: it sends a class (the schedulers' TestRandomRun) to a worker apart from its
+# module's functions, and a module's coverage test then runs all its random workloads again.
 JOBS   ?= auto
 
 .PHONY: check test book serve setup models mutate browser
@@ -25,7 +27,7 @@ check: setup
 # ranks, tokenizers) would compile the package again (about 0.1 s of CPU each).
 test: setup browser
 	$(PY) -m compileall -q python/minisgl tests
-	$(PY) -m pytest -q -n $(JOBS) --dist loadscope --durations=15
+	$(PY) -m pytest -q -n $(JOBS) --dist loadfile --durations=15
 
 book: setup
 	$(PY) -m mkdocs build --strict

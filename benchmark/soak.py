@@ -10,15 +10,15 @@
   - 流式请求里有 --leave-share（默认 25%）收到一两块就断开（客户端走掉）。
 KV 池故意开小（--num-pages），radix cache 很快装满，之后每个新请求都要逐出别人的前缀。
 
-正式开始前，每种请求先各发一个（把懒加载的东西都加载好），等服务器空闲，记下每个进程打开的
-文件描述符数作为基线。之后每隔 --interval 秒记一次服务器每个进程（API Server、调度器、
+正式开始前，每种请求先各发一个（把懒加载的东西都加载好），等服务器空闲、连接都关掉后，记下
+每个进程打开的文件描述符数作为基线。之后每隔 --interval 秒记一次服务器每个进程（API Server、调度器、
 tokenizer）的常驻内存（RSS，/proc/PID/statm）和打开的文件描述符数（/proc/PID/fd），以及
 /stats 的 KV 页和请求数。结束时停下客户端，等服务器空闲，然后检查：
 
   1. 每一页 KV 都回来了：free + cached == num_pages，没有锁住的页，没有在跑或排队的请求；
   2. 除了要求的拒绝，没有任何错误（非 200、断流、token 数或 finish_reason 不对都算）；
   3. 负载真的让 radix cache 逐出过（/stats 的 evicted_pages 不是 0）；
-  4. 空闲时每个进程打开的文件描述符数与开始前的基线相同；
+  4. 空闲、没有连接时每个进程打开的文件描述符数与开始前的基线相同；
   5. 内存在预热之后是平的：预热（--warm-up 秒，默认全程的四分之一）之后的窗口里，每个进程
      最后 10% 采样的 RSS 中位数，比窗口开头 10% 采样的中位数多出不超过容差
      max(--tolerance-mib MiB, --tolerance-share × 开头的 RSS)，默认 max(8 MiB, 2%)。泄漏随
@@ -30,7 +30,7 @@ tokenizer）的常驻内存（RSS，/proc/PID/statm）和打开的文件描述�
 KV 页三张随时间的曲线；预热一段涂灰，RSS 的容差画成虚线）；--from-json 从存下的 JSON 重画。
 
     python benchmark/soak.py --duration 1200 --json soak.json --plot soak.png   # 20 分钟
-    python benchmark/soak.py --duration 40 --warm-up 10 --interval 1            # CI 里的短版
+    python benchmark/soak.py --duration 15 --warm-up 5 --interval 0.5           # CI 里的短版
     python benchmark/soak.py --from-json soak.json --plot soak.png
 
 默认模型是 tiny-qwen3（随机权重的小模型）：测的是服务器的簿记，不是模型，轻一点的模型能在同样
@@ -50,6 +50,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from online import (Request, Server, every_page_back, prompt_ids, random_text,
                     single_token_words, stop_server, wait_idle)
@@ -248,16 +249,30 @@ async def get_stats(http) -> dict[str, int]:
     return r.json()
 
 
-async def settled_fds(processes: dict[str, int], baseline: dict[str, int],
-                      timeout: float = 10.0) -> dict[str, int]:
-    """Open fds per process once they equal `baseline` (a closed connection's socket goes a
-    moment after the client closes it), or as they are after `timeout`."""
+def http_connections(pid: int, port: int) -> int:
+    """The connections to the server's HTTP `port` that `pid` holds open, from /proc: its
+    sockets in the TCP tables whose local port it is, except the listening one."""
+    try:
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        tables = [Path(f"/proc/{pid}/net/{t}").read_text() for t in ("tcp", "tcp6")]
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    rows = [line.split() for table in tables for line in table.splitlines()[1:]]
+    # A row: slot, local address:port (hex), remote, state (0A: listening), ..., inode (10th).
+    return sum(int(row[1].rsplit(":", 1)[1], 16) == port and row[3] != "0A"
+               and f"socket:[{row[9]}]" in sockets for row in rows)
+
+
+async def idle_fds(processes: dict[str, int], port: int, timeout: float = 10.0
+                   ) -> dict[str, int]:
+    """Open fds per process once no client is connected: called with every client closed, it
+    waits until the server has closed its end of each connection too (a moment after the
+    client's), or `timeout` (a connection the server never closes is then counted)."""
     deadline = time.monotonic() + timeout
-    while True:
-        fds = {n: f for n, p in processes.items() if (f := open_fds(p)) is not None}
-        if fds == baseline or time.monotonic() > deadline:
-            return fds
-        await asyncio.sleep(0.2)
+    while (any(http_connections(pid, port) for pid in processes.values())
+           and time.monotonic() < deadline):
+        await asyncio.sleep(0.05)
+    return {n: f for n, p in processes.items() if (f := open_fds(p)) is not None}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,7 +351,9 @@ async def soak(url: str, processes: dict[str, int], args: argparse.Namespace,
         if primer.error_count:
             raise RuntimeError(f"预备请求出错：{primer.errors}")
         await wait_idle(http, 30)
-        baseline = await settled_fds(processes, {})
+    port = urlparse(url).port
+    baseline = await idle_fds(processes, port)  # ours closed: no connection counts
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         tally, samples = Tally(), []
         start = time.monotonic()
         until = start + args.duration
@@ -352,9 +369,9 @@ async def soak(url: str, processes: dict[str, int], args: argparse.Namespace,
         for c in clients:
             c.result()  # a client that crashed is the script's bug: say so
         stats = await wait_idle(http, 30)
-        end = {"stats": stats, "fds": await settled_fds(processes, baseline),
-               "seconds": time.monotonic() - start}
-        samples.append(sample(processes, stats, start, tally))
+    end = {"stats": stats, "fds": await idle_fds(processes, port),
+           "seconds": time.monotonic() - start}
+    samples.append(sample(processes, stats, start, tally))
     rss = {name: rss_growth(samples, args.warm_up, name) for name in processes}
     return {"baseline_fds": baseline, "samples": samples, "end": end, "tally": asdict(tally),
             "rss": rss}

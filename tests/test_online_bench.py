@@ -7,6 +7,8 @@ import json
 import math
 import os
 import random
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from matplotlib import image
 from transformers import AutoTokenizer
 
 from benchmark_scripts import load_script
+from processes import START_TIMEOUT
 
 CHAPTER = None  # repository tooling, not a chapter: runs only in `make test`
 
@@ -238,14 +241,28 @@ def test_a_small_run_completes_every_request_and_stops_its_server(tmp_path, caps
     assert "每个进程的 CPU" in printed
 
 
+@pytest.fixture(scope="module")
+def running_server() -> Iterator[str]:
+    """A tiny-qwen3 server already running, for runs with --url (the script starts none); its
+    URL."""
+    server = online.Server([sys.executable, "-m", "minisgl", "--model", str(TINY), "--port", "0"])
+    try:
+        server.wait_ready(START_TIMEOUT)
+        yield server.url
+    finally:
+        online.stop_server(server)
+
+
 @pytest.mark.parametrize("client", ["httpx", "openai"])
-def test_each_client_reads_chat_streams_to_the_exact_length(tmp_path, capsys, client):
+def test_each_client_reads_chat_streams_to_the_exact_length(tmp_path, capsys, client,
+                                                           running_server):
     """The chat path (shared-prefix), through our event-stream reader and through the openai
-    package's client: both count the same tokens the server says it sent."""
+    package's client: both count the same tokens the server says it sent. Both measure one
+    server that runs already (--url)."""
     out = tmp_path / "online.json"
-    code = online.main(["--model", str(TINY), "--workload", "shared-prefix", "--num-users", "2",
-                        "--turns", "2", "--system-len", "16", "--turn-len", "4",
-                        "--output-len", "6", "--rates", "inf",
+    code = online.main(["--model", str(TINY), "--url", running_server, "--workload",
+                        "shared-prefix", "--num-users", "2", "--turns", "2", "--system-len", "16",
+                        "--turn-len", "4", "--output-len", "6", "--rates", "inf",
                         "--device", "cpu", "--client", client, "--json", str(out)])
     assert code == 0, capsys.readouterr().out
     [run] = json.loads(out.read_text(encoding="utf-8"))["runs"]
