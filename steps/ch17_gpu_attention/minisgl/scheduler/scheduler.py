@@ -208,7 +208,8 @@ class Scheduler:
                 "cached_pages": (cache.evictable_size + cache.protected_size) // page_size,
                 "locked_pages": cache.protected_size // page_size,
                 "running": len(self.decode.running), "waiting": len(self.prefill.pending),
-                "rows_free": self.table.available}
+                "rows_free": self.table.available,
+                "evicted_pages": self.cache.evicted_pages}  # given to other requests, in all
 
     def _free(self, req: Req) -> None:
         self.cache.cache_req(req, finished=True)

@@ -203,6 +203,7 @@ class Scheduler:
                 "locked_pages": cache.protected_size // page_size,
                 "running": len(self.decode.running), "waiting": len(self.prefill.pending),
                 "rows_free": self.table.available,
+                "evicted_pages": self.cache.evicted_pages,  # given to other requests, in all
                 # Where the time goes (microseconds, so that every value is an int).
                 **{f"{phase}_{name}": int(value) for phase, t in self.step_times.items()
                    for name, value in (("steps", t.steps), ("us", t.seconds * 1e6),

@@ -191,8 +191,7 @@ class SchedulerLoop:
                              f"waiting): {type(e).__name__}: {error}") from e
 
     def stats(self) -> dict[str, int]:
-        # evicted_pages: prefix-cache pages given to other requests since the start.
-        return {**self.scheduler.stats(), "evicted_pages": self.scheduler.cache.evicted_pages,
+        return {**self.scheduler.stats(),
                 **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
 
 
