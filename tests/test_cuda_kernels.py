@@ -619,7 +619,7 @@ def test_the_emulator_runs_the_kernels_own_source(emulate, tmp_path, monkeypatch
     (sources / "store.cu").write_text(text.replace("slot * row_units", "(slot + 1) * row_units"))
     monkeypatch.setattr(jit, "SOURCES", sources)
     monkeypatch.setattr(jit, "CACHE_DIR", tmp_path / "cache")
-    loaded = (jit.load, cuda_kernels._typed)  # libraries kept loaded, per process
+    loaded = (jit.load, cuda_kernels._library)  # libraries kept loaded, per process
     for cached in loaded:
         cached.cache_clear()
     try:

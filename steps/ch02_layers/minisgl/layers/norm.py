@@ -17,11 +17,9 @@ class RMSNorm(BaseOP):
 
 
 class FusedAddRMSNorm(RMSNorm):
-    """The pre-norm of a decoder block, fused with the residual add of the block before it.
-
+    """The pre-norm of a decoder block, fused with the residual add of the block before it:
     forward(x, None) starts the residual stream; forward(x, residual) adds x into residual and
-    normalises the sum, in place, returning (normed, residual) for the next sub-block.
-    """
+    normalises the sum, in place, returning (normed, residual) for the next sub-block."""
 
     def forward(self, x: torch.Tensor,  # type: ignore[override]
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,12 +6,9 @@ from minisgl.kernel import store_kv
 
 
 class MHAKVPool:
-    """K and V of every cached token, for every layer, in pages of `page_size` tokens.
-
-    One allocation, [2, num_layers, num_pages, page_size, num_kv_heads, head_dim]. A token's
-    *slot* is page * page_size + offset: the page table and batch.out_loc hold slots, so the
-    attention code addresses tokens, and only allocation thinks in pages.
-    """
+    """K and V of every cached token, for every layer, in pages of `page_size` tokens: one
+    allocation. A token's *slot* is page * page_size + offset: the page table and batch.out_loc
+    hold slots, so the attention code addresses tokens, and only allocation thinks in pages."""
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:

@@ -21,14 +21,9 @@ class TorchAttnMetadata:
 
 
 class TorchAttentionBackend(BaseAttentionBackend):
-    """The reference backend, in plain PyTorch over the paged pool.
-
-    Requests of different lengths (ragged) are padded to one [batch, heads, max_extend, max_seq]
-    problem so that one scaled_dot_product_attention call serves the whole batch; the mask
-    hides padding and, for request b, lets query i (at position cached_len_b + i) see keys
-    0 .. cached_len_b + i. The same code serves prefill, prefill on top of a cached prefix, and
-    decode (max_extend = 1).
-    """
+    """The reference backend, in plain PyTorch over the paged pool: ragged requests padded to
+    one [batch, heads, max_extend, max_seq] problem, one scaled_dot_product_attention call, a
+    mask that hides padding and lets query i of request b see keys 0 .. cached_len_b + i."""
 
     def __init__(self, pool: MHAKVPool, page_table: torch.Tensor) -> None:
         self.pool, self.page_table = pool, page_table

@@ -116,11 +116,8 @@ def usable_cpu_count() -> int:
 
 def configure_gpu_host_threads() -> int:
     """One PyTorch thread for a process whose model runs on a GPU, unless OMP_NUM_THREADS says
-    otherwise. Its host only builds small bookkeeping tensors (positions, page indices), which
-    extra threads do not speed up; but after each op that used them, PyTorch's idle OpenMP
-    workers spin, waiting for the next one: on a many-core host they keep most cores busy and
-    slow every step several times over (chapter 15 measures it). Returns the thread count in
-    effect."""
+    otherwise: its host builds only small tensors, and idle OpenMP workers spinning after each
+    op slow every step on a many-core host. Returns the thread count in effect."""
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     return torch.get_num_threads()
@@ -128,10 +125,8 @@ def configure_gpu_host_threads() -> int:
 
 def configure_cpu_threads(tp_size: int = 1) -> int:
     """One PyTorch thread per physical core this process may use, split among TP ranks, unless
-    OMP_NUM_THREADS says otherwise. PyTorch's own default counts the cores it sees, which in a
-    container can be far more than it gets; decode multiplies tiny matrices, and threads beyond
-    the real cores (or sharing one through hyper-threading) mostly add synchronisation.
-    Returns the thread count in effect."""
+    OMP_NUM_THREADS says otherwise: for decode's tiny matrices, threads beyond the real cores
+    mostly add synchronisation. Returns the thread count in effect."""
     if "OMP_NUM_THREADS" not in os.environ:
         cores = min(physical_core_count(), usable_cpu_count())
         torch.set_num_threads(max(1, cores // tp_size))

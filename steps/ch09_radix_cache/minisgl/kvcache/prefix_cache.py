@@ -18,11 +18,8 @@ class CacheHandle:
 
 class BasePrefixCache(ABC):
     """KV of finished prefixes, kept so that a later request starting with the same tokens skips
-    computing them. Every length here is a multiple of page_size: only whole pages are shared.
-
-    Locking: a running request locks the prefix it uses so eviction cannot take those pages.
-    Sizes are in tokens: `evictable_size` unlocked, `protected_size` locked by someone.
-    """
+    computing them; only whole pages are shared. A running request locks the prefix it uses
+    against eviction. Sizes are in tokens: `evictable_size` unlocked, `protected_size` locked."""
 
     shares_prefixes = True  # False for a cache that never hits: scheduling need not wait for it
 

@@ -24,13 +24,9 @@ class RadixNode:
 
 
 class RadixCache(BasePrefixCache):
-    """Prefixes of token sequences in a radix tree (SGLang's RadixAttention).
-
-    Matching walks down from the root comparing tokens; a match that ends inside an edge splits
-    it, so every handle ends exactly at a node. Locking a handle bumps ref_count on the path to
-    the root; only unlocked leaves can be evicted, least recently used first, and evicting a
-    leaf may turn its parent into an evictable leaf.
-    """
+    """Prefixes of token sequences in a radix tree (SGLang's RadixAttention). A match that ends
+    inside an edge splits it, so every handle ends at a node; locking bumps ref_count up to the
+    root, and only unlocked leaves are evicted, least recently used first."""
 
     def __init__(self, page_size: int) -> None:
         super().__init__(page_size)

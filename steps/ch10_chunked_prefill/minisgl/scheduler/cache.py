@@ -12,12 +12,9 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class CacheManager:
-    """Owns the KV pool's pages: free ones, ones in the prefix cache, ones a request holds.
-
-    A running request's row of the page table starts with the prefix it matched (pages the
-    prefix cache owns, locked by the request's handle) and continues with pages it allocated.
-    After its prefill and when it finishes, its computed tokens go into the prefix cache.
-    """
+    """Owns the KV pool's pages: free ones, ones in the prefix cache, ones a request holds. A
+    running request's page-table row starts with the prefix it matched (locked by its handle)
+    and continues with pages it allocated; its computed tokens go into the prefix cache."""
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor,
                  cache_type: str) -> None:

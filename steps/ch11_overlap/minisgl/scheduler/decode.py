@@ -13,12 +13,9 @@ def pages_to_finish(req: Req, page_size: int) -> int:
 
 
 class DecodeManager:
-    """The running requests: every one of them advances by one token in each decode batch.
-
-    With overlap scheduling a request joins as soon as its prefill is launched (its lengths are
-    known on the host before its first token is), and a request that met EOS leaves only when
-    that token reaches the host. An insertion-ordered dict keeps batches in a stable order.
-    """
+    """The running requests, in a stable order: each advances by one token in each decode
+    batch. With overlap a request joins once its prefill is launched, and one that met EOS
+    leaves only when that token reaches the host."""
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size

@@ -4,13 +4,10 @@ import torch
 
 
 class TableManager:
-    """Rows of the page table, and a token pool of the same shape on the device.
-
-    A request holds one row from admission until it finishes, so the number of rows bounds how
-    many requests can be running at once. token_pool[row, i] is token i of that request: the
-    prompt is copied in at admission and each sampled token is written there on the device, so
-    the next step's input ids never wait for the host.
-    """
+    """Rows of the page table, and a token pool of the same shape on the device. A request holds
+    one row from admission until it finishes; token_pool[row, i] is its token i, the prompt's
+    copied in at admission and each sampled one written on the device, so the next step's input
+    ids never wait for the host."""
 
     def __init__(self, page_table: torch.Tensor) -> None:
         self.free_rows = list(range(page_table.shape[0]))

@@ -26,13 +26,13 @@ def ipc_address(run_id: str, name: str) -> str:
 
 
 class _Queue(Generic[T]):
+    _kind: int  # the ZMQ socket type, set by each queue class
     # A full PUB queue drops messages silently; for ranks that must see every message the same,
     # a backlog (memory) is better than a loss. The limit must be set before bind/connect.
     _unlimited_backlog = False
 
-    def __init__(self, kind: int, address: str, bind: bool) -> None:
-        self._context = zmq.Context.instance()
-        self._socket = self._context.socket(kind)
+    def __init__(self, address: str, bind: bool) -> None:
+        self._socket = zmq.Context.instance().socket(self._kind)
         self._socket.setsockopt(zmq.LINGER, 0)  # closing never blocks on unsent messages
         if self._unlimited_backlog:
             self._socket.setsockopt(zmq.SNDHWM, 0)
@@ -50,9 +50,8 @@ class _Queue(Generic[T]):
 
 
 class _Sender(_Queue[T]):
-    def __init__(self, kind: int, address: str, bind: bool,
-                 encode: Callable[[T], bytes]) -> None:
-        super().__init__(kind, address, bind)
+    def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
+        super().__init__(address, bind)
         self._encode = encode
 
     def put(self, obj: T) -> None:
@@ -64,9 +63,8 @@ class _Sender(_Queue[T]):
 
 
 class _Receiver(_Queue[T]):
-    def __init__(self, kind: int, address: str, bind: bool,
-                 decode: Callable[[bytes], T]) -> None:
-        super().__init__(kind, address, bind)
+    def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
+        super().__init__(address, bind)
         self._decode = decode
 
     def get_raw(self, timeout_ms: int | None = None) -> bytes | None:
@@ -83,27 +81,24 @@ class _Receiver(_Queue[T]):
 class PushQueue(_Sender[T]):
     """One-to-one, in order: the sending end of a pipeline stage."""
 
-    def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
-        super().__init__(zmq.PUSH, address, bind, encode)
+    _kind = zmq.PUSH
 
 
 class PullQueue(_Receiver[T]):
-    def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
-        super().__init__(zmq.PULL, address, bind, decode)
+    _kind = zmq.PULL
 
 
 class PubQueue(_Sender[T]):
     """One-to-many: every subscriber receives every message (rank 0 to the other ranks)."""
 
+    _kind = zmq.PUB
     _unlimited_backlog = True
-
-    def __init__(self, address: str, bind: bool, encode: Callable[[T], bytes]) -> None:
-        super().__init__(zmq.PUB, address, bind, encode)
 
 
 class SubQueue(_Receiver[T]):
+    _kind = zmq.SUB
     _unlimited_backlog = True
 
     def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
-        super().__init__(zmq.SUB, address, bind, decode)
+        super().__init__(address, bind, decode)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")  # everything

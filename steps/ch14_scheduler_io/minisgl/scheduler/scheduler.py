@@ -41,13 +41,9 @@ class InFlight(NamedTuple):
 class Scheduler:
     """Chooses what the engine computes at each step: new requests' prompts (prefill), with
     one more token for every running request in the same batch (a mixed batch), otherwise that
-    token alone (decode). Requests join and leave the running set between steps while the
-    others carry on: continuous batching.
-
-    With overlap, step() launches batch i+1 before it reads batch i's tokens, so the host's
-    work (scheduling, metadata, bookkeeping) runs while the device computes. That is possible
-    because the next step's inputs never come from the host: lengths are known in advance and
-    sampled tokens go straight into the device's token pool.
+    token alone (decode). With overlap, step() launches batch i+1 before it reads batch i's
+    tokens, so the host's work runs while the device computes: lengths are known in advance
+    and sampled tokens go straight into the device's token pool.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -204,7 +200,8 @@ class Scheduler:
                 "cached_pages": (cache.evictable_size + cache.protected_size) // page_size,
                 "locked_pages": cache.protected_size // page_size,
                 "running": len(self.decode.running), "waiting": len(self.prefill.pending),
-                "rows_free": self.table.available}
+                "rows_free": self.table.available,
+                "evicted_pages": self.cache.evicted_pages}  # given to other requests, in all
 
     def _free(self, req: Req) -> None:
         self.cache.cache_req(req, finished=True)

@@ -1,10 +1,6 @@
-"""The scheduler process: messages in, scheduler steps, tokens out.
-
-Rank 0 alone receives from the tokenizer. It re-broadcasts what it received, as the raw bytes,
-to the other ranks, one frame per loop iteration, so every rank sees the same messages at the
-same iteration and takes the same decisions: same batches, same pages, same order. Only rank 0
-sends results; the other ranks' results are the same and go nowhere.
-"""
+"""The scheduler process: messages in, scheduler steps, tokens out. Rank 0 alone receives, and
+re-broadcasts the raw bytes to the other ranks one frame per loop iteration, so every rank takes
+the same decisions at the same iteration; rank 0 alone sends results."""
 
 from __future__ import annotations
 
@@ -29,12 +25,8 @@ PROBE, GO = b"probe", b"go"  # start-up handshake frames; real frames are msgpac
 
 
 class SchedulerIO:
-    """Receiving and sending for one rank.
-
-    PUB drops what it sends before a subscriber has connected, so rank 0 first sends probes
-    until every other rank has acknowledged one on `acks`, then GO: from there on each rank
-    gets every frame, in order.
-    """
+    """Receiving and sending for one rank. PUB drops what it sends before a subscriber has
+    connected: rank 0 sends probes until every other rank has acknowledged one, then GO."""
 
     def __init__(self, rank: int, world_size: int, inbox: str, broadcast: str, acks: str,
                  reply: str | None) -> None:

@@ -9,11 +9,8 @@ from .flashinfer_backend import FlashInferBackend
 
 
 class FlashAttentionBackend(FlashInferBackend):
-    """Prefill with FlashInfer's "fa3" kernels: FlashAttention-3's design for Hopper (TMA loads
-    and warp-specialised producer/consumer warps, so that loading the next tile overlaps the
-    matrix multiplies of this one). Decode, which reads each key once and multiplies little,
-    stays on FlashInfer's decode kernels. Everything else — plan once per batch, the paged pool
-    as FlashInfer reads it — is inherited."""
+    """Prefill with FlashInfer's "fa3" kernels, FlashAttention-3's design for Hopper; decode,
+    which reads each key once and multiplies little, and everything else are inherited."""
 
     prefill_kernels = "fa3"
 

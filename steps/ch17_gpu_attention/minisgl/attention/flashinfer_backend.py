@@ -34,16 +34,11 @@ class FlashInferMetadata:
 class FlashInferBackend(BaseAttentionBackend):
     """Decode with BatchDecodeWithPagedKVCacheWrapper, prefill (with or without a cached
     prefix) with BatchPrefillWithPagedKVCacheWrapper, both over the pool's pages.
+    prepare_metadata plans each batch once, on the host; every layer's run() uses the plan.
 
-    prepare_metadata plans the batch once: FlashInfer turns the batch's shape (query and page
-    counts per request) into a work schedule on the host and copies it to the device; then
-    every layer's run() launches the kernels with that schedule. Planning is host work done on
-    the scheduler's stream, ahead of the forward.
-
-    With overlap scheduling, batch i+1 is planned while batch i still runs, and a plan
-    overwrites its wrapper's schedule on the device. So there are two sets of wrappers, used in
-    turn: when batch i+1 is planned, batch i-1 (the other set's last user) has been read on the
-    host, hence is finished.
+    A plan overwrites its wrapper's schedule on the device, and with overlap batch i+1 is
+    planned while batch i runs: two sets of wrappers take turns, and batch i-1, the other
+    set's last user, has been read (is finished) by then.
     """
 
     prefill_kernels = "fa2"  # FlashInfer's own FlashAttention-2-style kernels

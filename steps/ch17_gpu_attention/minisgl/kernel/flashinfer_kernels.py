@@ -1,7 +1,6 @@
 """FlashInfer's fused kernels behind the reference ops, for CUDA tensors in float16/bfloat16 when
 flashinfer-python is installed: RMSNorm (alone, and fused with the residual add), RoPE, and
-SiLU-and-mul each become one launch instead of the reference's three to twenty. Decode on a GPU
-is bound by the host launching kernels (chapter 17's profile), so launches are what count."""
+SiLU-and-mul each become one launch instead of the reference's three to twenty."""
 
 from __future__ import annotations
 

@@ -34,16 +34,11 @@ class FlashInferMetadata:
 class FlashInferBackend(BaseAttentionBackend):
     """Decode with BatchDecodeWithPagedKVCacheWrapper, prefill (with or without a cached
     prefix) with BatchPrefillWithPagedKVCacheWrapper, both over the pool's pages.
+    prepare_metadata plans each batch once, on the host; every layer's run() uses the plan.
 
-    prepare_metadata plans the batch once: FlashInfer turns the batch's shape (query and page
-    counts per request) into a work schedule on the host and copies it to the device; then
-    every layer's run() launches the kernels with that schedule. Planning is host work, done
-    ahead of the forward on the engine's preparation stream (a graph's: see prepare_replay).
-
-    With overlap scheduling, batch i+1 is planned while batch i still runs, and a plan
-    overwrites its wrapper's schedule on the device. So there are two sets of wrappers, used in
-    turn: when batch i+1 is planned, batch i-1 (the other set's last user) has been read on the
-    host, hence is finished.
+    A plan overwrites its wrapper's schedule on the device, and with overlap batch i+1 is
+    planned while batch i runs: two sets of wrappers take turns, and batch i-1, the other
+    set's last user, has been read (is finished) by then.
     """
 
     prefill_kernels = "fa2"  # FlashInfer's own FlashAttention-2-style kernels
@@ -162,10 +157,8 @@ class FlashInferBackend(BaseAttentionBackend):
         self.graph_wrappers: dict[int, Any] = {}
         # Split-KV scratch of their own: the eager wrappers' work must never share it.
         self.graph_workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # A plan writes into a pinned host buffer, then copies it to the device without
-        # waiting; the next plan of the same wrapper must not overwrite the buffer before that
-        # copy ran. It ran long ago in practice (before the previous replay), but it is waited
-        # for, not assumed.
+        # A plan copies from a pinned host buffer without waiting: the next plan must not
+        # overwrite it before that copy ran (long ago in practice, but waited for).
         self.last_plan = create_event(self.device)
         self.last_plan.record()
 
@@ -187,21 +180,16 @@ class FlashInferBackend(BaseAttentionBackend):
         self.last_plan.record()
 
     def _plan_replay(self, wrapper: Any, seq_lens: list[int]) -> None:
-        """Plan a replay from its sequence lengths alone. plan() copies the shape into the
-        static buffers, on the current stream (after the previous replay), and would copy the
-        page indices too; but those are written by the replay itself (prepare_in_graph), so
-        the tensor handed to plan() is that part of the buffer, and the copy is nothing."""
+        """Plan a replay from its sequence lengths alone. The page indices handed to plan()
+        are the static buffer itself, which the replay writes (prepare_in_graph)."""
         _, (_, kv_indptr, last_page_len, seq, _), total = self._host_shape(
             seq_lens, [1] * len(seq_lens), [])
         self._plan_decode(wrapper, kv_indptr, self.graph_indices[:total], last_page_len, seq)
 
     def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
         """Recorded into every captured decode step, before the layers: the batch's page
-        indices, computed on the device from the static rows and positions. A decode token at
-        position p attends to p + 1 keys, in p // page_size + 1 pages; entry j of the indices
-        belongs to the request whose pages end first after j. Entries past the last page are
-        filled too (static shapes) and never read. So a replay costs the host a few Python
-        ints per request, one small host tensor, and the plan."""
+        indices, from the static rows and positions. Entry j belongs to the request whose pages
+        end first after j; entries past the last page are filled too and never read."""
         size, per_row, n = self.page_size, self.pages_per_row, len(rows)
         pages = positions // size + 1
         ends = pages.cumsum(0)

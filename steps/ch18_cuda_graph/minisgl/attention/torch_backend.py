@@ -40,16 +40,11 @@ class TorchGraphMetadata:
 
 
 class TorchAttentionBackend(BaseAttentionBackend):
-    """The reference backend, in plain PyTorch over the paged pool.
-
-    Requests of different lengths (ragged) are padded to one [batch, heads, max_extend, max_seq]
-    problem so that one scaled_dot_product_attention call serves them; the mask hides padding
-    and, for request b, lets query i (at position cached_len_b + i) see keys
-    0 .. cached_len_b + i. The same code serves prefill, prefill on top of a cached prefix, and
-    decode (max_extend = 1). A mixed batch (chapter 10) pads its one-token rows and its prompts
-    as two groups: padded to a prompt's length, each decode row would cost max_extend times
-    its work.
-    """
+    """The reference backend, in plain PyTorch over the paged pool: ragged requests padded to
+    one [batch, heads, max_extend, max_seq] problem, one scaled_dot_product_attention call, a
+    mask that hides padding and lets query i of request b see keys 0 .. cached_len_b + i. A
+    mixed batch pads its one-token rows and its prompts as two groups, so that a decode row
+    does not cost a whole prompt's length."""
 
     def __init__(self, pool: MHAKVPool, page_table: torch.Tensor) -> None:
         self.pool, self.page_table = pool, page_table

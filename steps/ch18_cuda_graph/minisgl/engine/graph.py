@@ -120,9 +120,8 @@ class GraphRunner:
         self.logits[: batch.size].copy_(logits)
 
     def close(self) -> None:
-        """Drop the graphs now. Each holds its captured step, which holds this runner: a cycle
-        that only the garbage collector would break, keeping the graphs' memory pool and,
-        through the model and the attention backend, the KV pool alive until it runs."""
+        """Drop the graphs now: each holds its step, which holds this runner, a cycle that
+        would keep the graphs' memory pool and the KV pool alive until the collector runs."""
         self.graphs.clear()
 
     def padded_size(self, batch: Batch) -> int | None:
@@ -135,10 +134,8 @@ class GraphRunner:
 
     def pad_scored_rows(self, batch: Batch) -> None:
         """Pad an eager batch's rows for the LM head (its last_indices) to the next captured
-        size; the padding repeats row 0, and its logits are dropped. cuBLAS picks a kernel on
-        the host, and loads it, the first time it meets a shape, milliseconds of host time
-        (chapter 21 measures it), and every prefill step of the official workload has a new
-        row count. The capture's warm-up met the captured sizes."""
+        size, repeating row 0 (its logits are dropped): cuBLAS spends milliseconds of host time
+        on each new shape, and the capture's warm-up met these sizes already."""
         meta = batch.attn_metadata
         n = len(meta.last_indices)
         size = self._captured_size(n) or n

@@ -16,23 +16,18 @@ from .base import BaseAttentionBackend
 
 @dataclass
 class CustomDecodeMetadata:
-    """A captured decode step: no plan on the host, no page indices. The kernel reads each
-    request's slots from the page table itself, in the rows of the graph runner's static
-    buffer, and its chunks from the plan the step makes on the device (prepare_in_graph)."""
+    """A captured decode step: no host plan, no page indices; the kernel reads the page table
+    rows and the plan the step makes on the device (prepare_in_graph)."""
 
     last_indices: torch.Tensor
 
 
 class CustomDecodeAttention(BaseAttentionBackend):
     """`backend` for every batch except the captured decode steps, which run our kernel: one
-    launch a layer stores the new token's K/V and attends, and nothing is planned on the host
-    before a replay. Under a CUDA graph FlashInfer cuts a request into chunks of at least 128
-    tokens, too few blocks to fill the GPU at small batches, and plans each replay on the host;
-    ours plans on the device and sizes its chunks to fill one wave of blocks. The two sum in
-    different orders, so bfloat16 greedy tokens may differ at near ties.
-
-    The engine puts it in front of the backend once, when it captures its graphs, where the
-    kernel takes the model (`takes`); the backend's own graph state is then never built."""
+    launch a layer stores the new token's K/V and attends, with chunks planned on the device to
+    fill a wave of blocks. Its sums run in another order than FlashInfer's: bfloat16 greedy
+    tokens may differ at near ties. The engine puts it in front of the backend once, at graph
+    capture, where the kernel takes the model (`takes`)."""
 
     def __init__(self, backend: BaseAttentionBackend, pool: MHAKVPool, page_table: torch.Tensor,
                  num_qo_heads: int) -> None:
@@ -73,10 +68,9 @@ class CustomDecodeAttention(BaseAttentionBackend):
         """Nothing on the host: the graph plans from its static positions itself."""
 
     def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
-        """The step's plan, made from the static positions by one small kernel for all the
-        layers; the kernel reads the static rows too. It may read both before it waits for
-        the kernels before it (PDL, decode_attention.cu): the runner copies them in before
-        each replay, outside the graph."""
+        """The step's plan, from the static positions, by one small kernel for all the layers.
+        It may read them before the kernels before it finish (PDL): the runner copies them in
+        before each replay, outside the graph."""
         self.rows = rows
         if not cuda_kernels.decode_attention_plan(positions, self.items_per_wave, self.scratch):
             raise RuntimeError("decode_attention_plan declined the positions of a step")

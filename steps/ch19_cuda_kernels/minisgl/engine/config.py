@@ -32,11 +32,9 @@ class EngineConfig:
     dist_init_address: str | None = None
 
     def __post_init__(self) -> None:
-        if self.cuda_graph not in ("auto", "off", "emulate"):
-            raise ValueError(f"cuda_graph must be auto, off or emulate, got {self.cuda_graph!r}")
-        if self.custom_kernels not in ("auto", "off", "emulate"):
-            raise ValueError(f"custom_kernels must be auto, off or emulate, got "
-                             f"{self.custom_kernels!r}")
+        for name in ("cuda_graph", "custom_kernels"):
+            if (mode := getattr(self, name)) not in ("auto", "off", "emulate"):
+                raise ValueError(f"{name} must be auto, off or emulate, got {mode!r}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         for name in ("max_running_req", "page_size", "num_page_override", "max_seq_len_override"):

@@ -57,25 +57,17 @@ def prepare(device: torch.device) -> None:
         _library(name, device)
 
 
-def _library(name: str, device: torch.device) -> ctypes.CDLL:
-    if device.type == "cuda":
-        return _typed(name, "cuda", _arch(device.index))
-    return _typed(name, "emulator", None)
-
-
 # Cached per process: asking the device again and setting every exported function's types
 # again (a name the library lacks is a failed lookup and an exception inside ctypes) is host
 # work on every call, and an eager prefill step makes a few calls per layer.
 @cache
-def _arch(index: int | None) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
-
-
-@cache
-def _typed(name: str, target: str, arch: str | None) -> ctypes.CDLL:
-    """The library with the argument and result types of the functions it exports set."""
-    library = jit.load(name, target, arch)
+def _library(name: str, device: torch.device) -> ctypes.CDLL:
+    """The library for `device`, with the argument and result types of its functions set."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device.index)
+        library = jit.load(name, "cuda", f"sm_{major}{minor}")
+    else:
+        library = jit.load(name, "emulator", None)
     for function, argtypes in _SIGNATURES.items():
         if hasattr(library, function):
             getattr(library, function).argtypes = argtypes
@@ -168,10 +160,9 @@ SAMPLE_SPAN = 2048  # columns of a row one block of sample.cu reads (its kSpan)
 
 def sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: int,
            draw: int) -> torch.Tensor | None:
-    """One token per row of logits [rows, vocab] (int32): a draw from softmax(row / temperature)
-    by the Gumbel-max trick, or the row's argmax where its temperature is 0. The draw's uniform
-    numbers are a function of (seed, draw, row, column): a new `draw` number, new numbers. None
-    when the kernel does not take these tensors."""
+    """One token per row of logits [rows, vocab] (int32): a Gumbel-max draw from
+    softmax(row / temperature), the argmax where it is 0, its noise a function of (seed, draw,
+    row, column). None when the kernel does not take these tensors."""
     if not (logits.dtype in _DTYPES and logits.dim() == 2 and logits.stride(1) == 1
             and 0 < logits.shape[1] <= 65535 * SAMPLE_SPAN  # a grid dimension of spans
             and temperatures.dtype == torch.float32
@@ -196,8 +187,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> torch.Te
     """x @ weight.T in bfloat16 for x [rows, k] with 1 to GEMV_MAX_ROWS rows (weight
     [n_out, k]), summed in float32; gated: weight is SwiGLU's [gate; up] and the result is
     silu(x @ gate.T) * (x @ up.T), [rows, n_out / 2]. None when the kernel does not take these
-    tensors: another dtype, more rows, a weight that is not contiguous (or, gated, an odd number
-    of rows), rows not 16-byte aligned."""
+    tensors."""
     per = 8  # bfloat16 in the kernel's 16-byte pieces
     if not (x.dtype == weight.dtype == torch.bfloat16 and x.dim() == weight.dim() == 2
             and 0 < x.shape[0] <= GEMV_MAX_ROWS and x.shape[1] == weight.shape[1]
@@ -218,8 +208,7 @@ DECODE_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)  # 4 to 32 threads, 8 values eac
 DECODE_ATTENTION_MAX_GROUP = 4  # query heads per KV head: the merge gives each a warp
 DECODE_ATTENTION_MAX_SPLITS = 64  # chunks a request: the merge's lanes hold two each
 # Tokens a chunk holds at least: a block pays a fixed start (a chain of dependent loads) and a
-# share of the merge, so a chunk must read enough keys to outweigh them; cutting 1,024 tokens
-# into 32 or 64 chunks is slower than into 16.
+# share of the merge, which the keys it reads must outweigh.
 DECODE_ATTENTION_MIN_CHUNK = 64
 DECODE_ATTENTION_PLAN_HEADER = 4  # int32 before the items: their count, padding to 16 bytes
 
@@ -273,9 +262,8 @@ def decode_attention_plan(positions: torch.Tensor, items_per_wave: int,
                           scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                           min_chunk: int = DECODE_ATTENTION_MIN_CHUNK) -> bool:
     """Cut each context (positions + 1 tokens) into chunks of at least min_chunk tokens that
-    fill a wave of items_per_wave, into the scratch's plan (decode_attention.cu says how). On
-    the device, so a graph replays it. False (nothing done) when the kernel does not take these
-    tensors."""
+    fill a wave of items_per_wave, into the scratch's plan, on the device (a graph replays it).
+    False (nothing done) when the kernel does not take these tensors."""
     n, plan = len(positions), scratch[2]
     limit = (1 << 31) // DECODE_ATTENTION_MAX_SPLITS  # the plan counts in int32
     if not (positions.dtype == torch.int64 and positions.dim() == 1 and 0 < n < limit

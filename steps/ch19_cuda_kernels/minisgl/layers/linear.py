@@ -1,12 +1,6 @@
-"""Linear layers, sharded over the tensor-parallel ranks.
-
-Column-parallel layers split the output dimension: every rank computes its own slice of the
-output from the full input (q/k/v by heads, gate/up by halves), and nothing is communicated.
-A row-parallel layer splits the input dimension: each rank multiplies its slice of the input
-by its slice of the weight, and an all-reduce sums the partial results. A column-parallel
-layer followed by a row-parallel one (attention's qkv -> o, the MLP's gate_up -> down) thus
-costs one all-reduce. With one rank every shard is the whole matrix.
-"""
+"""Linear layers, sharded over the tensor-parallel ranks: a column-parallel layer (output
+rows split, nothing communicated) feeding a row-parallel one (input columns split, one
+all-reduce) costs one all-reduce per pair. With one rank every shard is the whole matrix."""
 
 from __future__ import annotations
 

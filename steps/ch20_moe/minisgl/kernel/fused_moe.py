@@ -1,11 +1,7 @@
-"""The fused MoE in Triton: all experts in one grouped-GEMM launch per projection. The (token,
-slot) pairs are sorted by expert, each expert's segment padded to whole BLOCK_M rows, so every
-M-block belongs to one expert and a program multiplies one tile like a dense GEMM.
-
-Triton decides at `@triton.jit` time between the GPU and its CPU interpreter
-(TRITON_INTERPRET=1), so this module is imported only when the Triton backend is created;
-INTERPRETED records the choice.
-"""
+"""The fused MoE in Triton: all experts in one grouped-GEMM launch per projection, over the
+(token, slot) pairs sorted by expert. Triton chooses between the GPU and its CPU interpreter
+(TRITON_INTERPRET=1) at `@triton.jit` time: this module is imported only when the Triton
+backend is created, and INTERPRETED records the choice."""
 
 from __future__ import annotations
 
@@ -27,10 +23,8 @@ class GemmConfig:
 
 
 def default_config(num_pairs: int, num_experts: int) -> GemmConfig:
-    """Tile sizes by the average number of rows an expert receives. Decode gives each chosen
-    expert a row or two, so a 64-row tile would be mostly padding: take tl.dot's smallest
-    M (16). Larger batches fill 64-row tiles. Untuned guesses, which chapter 20 compares with
-    the alternatives on a GPU."""
+    """Tile sizes by the average rows an expert receives: decode gives it a row or two, so a
+    64-row tile would be mostly padding and tl.dot's smallest M (16) is taken."""
     if num_pairs <= 16 * num_experts:
         return GemmConfig(block_m=16, block_n=64, block_k=64)
     return GemmConfig(block_m=64, block_n=128, block_k=64, num_warps=8)

@@ -1,11 +1,6 @@
 """A mixture-of-experts MLP: a router picks each token's top_k experts, and the token's output is
-the routing-weighted sum of those experts' gated MLPs.
-
-Tensor parallelism splits every expert the way a dense MLP is split: each rank holds a slice of
-each expert's intermediate dimension (gate/up rows, down columns), computes its partial
-outputs, and one all-reduce sums them. The router is small and replicated, so every rank routes
-every token to the same experts.
-"""
+the routing-weighted sum of those experts' gated MLPs. Tensor parallelism splits each expert
+like a dense MLP (one all-reduce); the router is replicated, so every rank routes alike."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""A step that fails on purpose, to see how a server ends when its device faults.
-
+"""A step that fails on purpose, to see how a server ends when its device faults:
 MINISGL_DEBUG_FAULT_STEP=N, read when a scheduler process starts, corrupts the page table just
-before step N: the first KV slot of every running request points outside the KV pool. The
-step's attention then reads out of range, as a scheduler bug handing out a wrong page would make
-it: an IndexError on the CPU, an illegal memory access on a GPU (in a graph replay for a decode).
-"""
+before step N, so that the step's attention reads out of range, as a scheduler bug would make it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The scheduler process: messages in, scheduler steps, tokens out.
-
-Rank 0 alone receives from the tokenizer. It re-broadcasts what it received, as the raw bytes,
-to the other ranks, one frame per loop iteration, so every rank sees the same messages at the
-same iteration and takes the same decisions: same batches, same pages, same order. Only rank 0
-sends results; the other ranks' results are the same and go nowhere.
-"""
+"""The scheduler process: messages in, scheduler steps, tokens out. Rank 0 alone receives, and
+re-broadcasts the raw bytes to the other ranks one frame per loop iteration, so every rank takes
+the same decisions at the same iteration; rank 0 alone sends results."""
 
 from __future__ import annotations
 
@@ -32,12 +28,8 @@ PROBE, GO = b"probe", b"go"  # start-up handshake frames; real frames are msgpac
 
 
 class SchedulerIO:
-    """Receiving and sending for one rank.
-
-    PUB drops what it sends before a subscriber has connected, so rank 0 first sends probes
-    until every other rank has acknowledged one on `acks`, then GO: from there on each rank
-    gets every frame, in order.
-    """
+    """Receiving and sending for one rank. PUB drops what it sends before a subscriber has
+    connected: rank 0 sends probes until every other rank has acknowledged one, then GO."""
 
     def __init__(self, rank: int, world_size: int, inbox: str, broadcast: str, acks: str,
                  reply: str | None) -> None:
@@ -173,9 +165,8 @@ class SchedulerLoop:
         return True
 
     def _step(self) -> list[TokenOutput]:
-        """One scheduler step. An error in it (a device fault, a bug) becomes StepFailed, whose
-        message says which step and what was running. On a GPU an error surfaces when the host
-        next waits for the device: with overlap, often in the step after the faulty one."""
+        """One scheduler step; an error in it (a device fault, a bug) becomes StepFailed, whose
+        message says which step and what was running."""
         self.steps += 1
         if self.fault_step is not None and self.steps >= self.fault_step:
             if corrupt_page_table(self.scheduler):
@@ -191,8 +182,7 @@ class SchedulerLoop:
                              f"waiting): {type(e).__name__}: {error}") from e
 
     def stats(self) -> dict[str, int]:
-        # evicted_pages: prefix-cache pages given to other requests since the start.
-        return {**self.scheduler.stats(), "evicted_pages": self.scheduler.cache.evicted_pages,
+        return {**self.scheduler.stats(),
                 **{f"loop_{name}_us": int(s * 1e6) for name, s in self.seconds.items()}}
 
 

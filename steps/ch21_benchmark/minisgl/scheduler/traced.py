@@ -20,9 +20,8 @@ def create_scheduler(config: SchedulerConfig) -> Scheduler:
 
 
 class TracedScheduler(Scheduler):
-    """Records each request queued, admitted (row, cached prefix, new pages), every step (its
-    requests, their tokens and new pages), the pages each request gives back, each abort and
-    finish. Every method does what the Scheduler's does, and records it."""
+    """Every method does what the Scheduler's does, and records it: each request queued,
+    admitted, aborted and finished, every step, the pages each request gives back."""
 
     def add_request(self, uid: int, input_ids: list[int] | torch.Tensor,
                     sampling_params: SamplingParams) -> None:
@@ -31,9 +30,8 @@ class TracedScheduler(Scheduler):
                       waiting=len(self.prefill.pending))
 
     def _compute(self, batch: Batch) -> InFlight:
-        """Before the batch's pages are allocated: the requests admitted into it (the cached
-        prefix they start from, their row). The step's span runs until the engine's launch
-        returns (on the CPU the forward is done by then)."""
+        """The requests admitted into the batch (before its pages are allocated), then the
+        step's span, until the engine's launch returns."""
         size = self.engine.page_size
         step: dict[str, list[int]] = {"uids": [], "tokens": [], "pages": []}
         for req in batch.reqs:
@@ -60,8 +58,7 @@ class TracedScheduler(Scheduler):
         return super().abort(uid)
 
     def _cache_req(self, req: Req, finished: bool) -> None:
-        """How many of the request's pages the prefix cache took and how many went back to
-        the free list (duplicates of cached pages, the unshared tail)."""
+        """How many of the request's pages the prefix cache took, how many went back free."""
         before = self.stats()
         super()._cache_req(req, finished)
         after = self.stats()

@@ -1,11 +1,6 @@
 """A trace of what every process of a server did, in the Chrome trace-event format (Perfetto).
-
-`begin(FILE)` turns tracing on for this process and the ones it starts later (they inherit an
-environment variable). Each process appends its events, a JSON line each, flushed, to a part
-file of its own; `finish()` merges the parts into FILE. All processes share one clock
-(CLOCK_MONOTONIC), and each message gets a flow event at both ends, so Perfetto draws an arrow
-from sender to receiver. Off (the default), every call returns after testing one global.
-"""
+Each process appends its events, a flushed JSON line each, to a part file of its own, on the
+clock all processes share; `finish()` merges the parts. Off, every call tests one global."""
 
 from __future__ import annotations
 
@@ -45,20 +40,19 @@ class _PartFile:
             self.file.write(line)
             self.file.flush()
 
-    def thread_id(self) -> int:
+    def event(self, event: dict[str, Any]) -> None:
+        """`event` on the calling thread's lane, named the first time that thread writes."""
         tid = threading.get_native_id()
         if tid not in self.named_threads:
             self.named_threads.add(tid)
             self.write({"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid,
                         "args": {"name": threading.current_thread().name}})
-        return tid
+        self.write({**event, "pid": self.pid, "tid": tid})
 
     def flow_id(self, inbox: str, name: str, uid: Any) -> int:
-        """The id of the next `name` message of request `uid` through `inbox`. Sender and
-        receiver compute the same one without telling each other: for a given uid only one
-        process sends a given kind to a given inbox, and ZMQ keeps those in order, so the
-        n-th sent is the n-th received. Hashed into 48 bits: Perfetto wants an integer (a
-        string id is read as hex) and a JavaScript number holds 48 bits exactly."""
+        """The id of the next `name` message of request `uid` through `inbox`, the same at both
+        ends (one sender, kept in order by ZMQ), hashed into 48 bits: Perfetto wants an integer
+        and a JavaScript number holds 48 bits exactly."""
         with self.lock:
             key = (inbox, name, uid)
             n = self.flow_counts[key] = self.flow_counts.get(key, -1) + 1
@@ -86,21 +80,17 @@ def now() -> int:
 
 def instant(name: str, **args: Any) -> None:
     """Something that happened now: a message sent or received, a request admitted."""
-    if not _enabled:
-        return
-    sink = _part_file()
-    sink.write({"ph": "i", "s": "t", "name": name, "pid": sink.pid, "tid": sink.thread_id(),
-                "ts": time.monotonic_ns() / 1000, "args": args})
+    if _enabled:
+        _part_file().event({"ph": "i", "s": "t", "name": name, "ts": time.monotonic_ns() / 1000,
+                            "args": args})
 
 
 def span(name: str, start_ns: int, **args: Any) -> None:
     """Something that ran from start_ns (a now() taken before it) until now: a step."""
-    if not _enabled:
-        return
-    end = time.monotonic_ns()
-    sink = _part_file()
-    sink.write({"ph": "X", "name": name, "pid": sink.pid, "tid": sink.thread_id(),
-                "ts": start_ns / 1000, "dur": (end - start_ns) / 1000, "args": args})
+    if _enabled:
+        end = time.monotonic_ns()
+        _part_file().event({"ph": "X", "name": name, "ts": start_ns / 1000,
+                            "dur": (end - start_ns) / 1000, "args": args})
 
 
 def messages(direction: str, batch: list[Any], inbox: str | None = None) -> None:
@@ -110,18 +100,17 @@ def messages(direction: str, batch: list[Any], inbox: str | None = None) -> None
     if not _enabled or not batch:
         return
     sink = _part_file()
-    tid = sink.thread_id()
     for message in batch:
         name, uid = type(message).__name__, getattr(message, "uid", None)
         ts = time.monotonic_ns() / 1000
-        sink.write({"ph": "i", "s": "t", "name": name, "pid": sink.pid, "tid": tid, "ts": ts,
+        sink.event({"ph": "i", "s": "t", "name": name, "ts": ts,
                     "args": {"dir": direction, "uid": uid}})
         if inbox is not None:  # same ts, written after: the arrow binds to the event above
             flow = {"ph": "s" if direction == "send" else "f", "name": name, "cat": "message",
-                    "id": sink.flow_id(inbox, name, uid), "pid": sink.pid, "tid": tid, "ts": ts}
+                    "id": sink.flow_id(inbox, name, uid), "ts": ts}
             if direction != "send":
                 flow["bp"] = "e"  # the enclosing event (the receipt), not the next slice
-            sink.write(flow)
+            sink.event(flow)
 
 
 def _parts_dir(path: str | os.PathLike) -> Path:
