@@ -31,10 +31,8 @@ class CudaGraph:
 
 
 class EmulatedGraph:
-    """The CPU's stand-in. Replaying re-runs the captured step on the capture-time objects: the
-    static batch, its metadata, the static buffers. What a real replay would not see — a tensor
-    the runner forgot to copy into a static buffer, a Python value read at capture — this one
-    does not see either, so such a bug gives wrong tokens on the CPU exactly as on a GPU."""
+    """The CPU's stand-in: a replay re-runs the captured step on the capture-time objects, so
+    what a real replay would miss (an input not copied into a static buffer) it misses too."""
 
     def __init__(self, step: Callable[[], None], pool: object = None, stream: object = None) -> None:
         self.step = step
