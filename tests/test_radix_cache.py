@@ -343,7 +343,7 @@ def test_check_integrity_passes_on_a_consistent_tree(page_size):
 def test_check_integrity_catches_a_wrong_evictable_counter(page_size):
     cache = RadixCache(page_size)
     insert(cache, list(range(8)), start=0)
-    cache._evictable += page_size
+    cache.evictable_size += page_size
     with pytest.raises(AssertionError, match="sizes"):
         cache.check_integrity()
 
@@ -352,7 +352,7 @@ def test_check_integrity_catches_a_wrong_protected_counter(page_size):
     cache = RadixCache(page_size)
     _, handle = insert(cache, list(range(8)), start=0)
     cache.lock(handle)
-    cache._protected -= page_size
+    cache.protected_size -= page_size
     with pytest.raises(AssertionError, match="sizes"):
         cache.check_integrity()
 
@@ -362,8 +362,8 @@ def test_check_integrity_catches_a_child_locked_more_than_its_parent():
     insert(cache, list(range(8)), start=0)
     _, child = insert(cache, list(range(8)) + [50, 51, 52, 53], start=100)
     child.node.ref_count = 1  # locked behind the parent's back
-    cache._evictable -= 4
-    cache._protected += 4
+    cache.evictable_size -= 4
+    cache.protected_size += 4
     with pytest.raises(AssertionError, match="locked more often"):
         cache.check_integrity()
 

@@ -32,13 +32,5 @@ class NaivePrefixCache(BasePrefixCache):
             raise RuntimeError(f"the naive cache holds nothing to evict ({num_tokens} asked)")
         return self._empty.slots
 
-    @property
-    def evictable_size(self) -> int:
-        return 0
-
-    @property
-    def protected_size(self) -> int:
-        return 0
-
     def check_integrity(self) -> None:
         pass

@@ -25,6 +25,7 @@ class BasePrefixCache(ABC):
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
+        self.evictable_size = self.protected_size = 0
 
     @abstractmethod
     def match_prefix(self, token_ids: list[int]) -> CacheHandle:
@@ -46,14 +47,6 @@ class BasePrefixCache(ABC):
     def evict(self, num_tokens: int) -> torch.Tensor:
         """Free at least num_tokens tokens of unlocked prefixes, least recently used first, and
         return their slots."""
-
-    @property
-    @abstractmethod
-    def evictable_size(self) -> int: ...
-
-    @property
-    @abstractmethod
-    def protected_size(self) -> int: ...
 
     @abstractmethod
     def check_integrity(self) -> None:

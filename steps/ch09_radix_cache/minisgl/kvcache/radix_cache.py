@@ -32,7 +32,6 @@ class RadixCache(BasePrefixCache):
         super().__init__(page_size)
         self.root = RadixNode([], torch.empty(0, dtype=torch.int32), None)
         self.root.ref_count = 1  # the root is never evicted
-        self._evictable = self._protected = 0
         self._clock = itertools.count(1)
 
     # -- lookups -------------------------------------------------------------------------------
@@ -92,7 +91,7 @@ class RadixCache(BasePrefixCache):
             leaf = RadixNode(token_ids[matched:length], slots[matched:length].clone(), node)
             leaf.last_access = next(self._clock)
             node.children[self._page_key(leaf.key, 0)] = leaf
-            self._evictable += len(leaf.key)
+            self.evictable_size += len(leaf.key)
             node, path_slots = leaf, [*path_slots, leaf.slots]
         return matched, self._handle(node, length, path_slots)
 
@@ -108,21 +107,21 @@ class RadixCache(BasePrefixCache):
     def lock(self, handle: CacheHandle) -> None:
         for node in self._path(handle):
             if node.ref_count == 0:
-                self._evictable -= len(node.key)
-                self._protected += len(node.key)
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
             node.ref_count += 1
 
     def unlock(self, handle: CacheHandle) -> None:
         for node in self._path(handle):
             node.ref_count -= 1
             if node.ref_count == 0:
-                self._protected -= len(node.key)
-                self._evictable += len(node.key)
+                self.protected_size -= len(node.key)
+                self.evictable_size += len(node.key)
 
     def evict(self, num_tokens: int) -> torch.Tensor:
-        if num_tokens > self._evictable:
-            raise RuntimeError(f"cannot evict {num_tokens} tokens: only {self._evictable} are "
-                               f"unlocked")
+        if num_tokens > self.evictable_size:
+            raise RuntimeError(f"cannot evict {num_tokens} tokens: only "
+                               f"{self.evictable_size} are unlocked")
         leaves = [(n.last_access, id(n), n) for n in self._nodes() if n.is_leaf
                   and n.ref_count == 0]
         heapq.heapify(leaves)
@@ -135,7 +134,7 @@ class RadixCache(BasePrefixCache):
             del parent.children[self._page_key(leaf.key, 0)]
             freed.append(leaf.slots)
             evicted += len(leaf.key)
-            self._evictable -= len(leaf.key)
+            self.evictable_size -= len(leaf.key)
             if parent is not self.root and parent.is_leaf and parent.ref_count == 0:
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
         return torch.cat(freed) if freed else self.root.slots
@@ -147,14 +146,6 @@ class RadixCache(BasePrefixCache):
             nodes.append(node)
             stack.extend(node.children.values())
         return nodes
-
-    @property
-    def evictable_size(self) -> int:
-        return self._evictable
-
-    @property
-    def protected_size(self) -> int:
-        return self._protected
 
     def check_integrity(self) -> None:
         evictable = protected = 0
@@ -174,6 +165,6 @@ class RadixCache(BasePrefixCache):
                 protected += len(node.key)
             else:
                 evictable += len(node.key)
-        if (evictable, protected) != (self._evictable, self._protected):
+        if (evictable, protected) != (self.evictable_size, self.protected_size):
             raise AssertionError(f"sizes: counted {evictable}/{protected}, "
-                                 f"tracked {self._evictable}/{self._protected}")
+                                 f"tracked {self.evictable_size}/{self.protected_size}")

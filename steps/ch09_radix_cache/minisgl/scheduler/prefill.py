@@ -62,9 +62,9 @@ class PrefillAdder:
                 - handle.cached_len // self.cache.page_size)
         if self.reserved_pages + need > self.cache.available_pages:
             return None
-        self.cache.lock(handle)  # a locked prefix is no longer evictable: check again
+        self.cache.prefix_cache.lock(handle)  # a locked prefix is no longer evictable: check again
         if self.reserved_pages + need > self.cache.available_pages:
-            self.cache.unlock(handle)
+            self.cache.prefix_cache.unlock(handle)
             return None
         self.reserved_pages += need
         req = Req(pending.input_ids, table_idx=self.table.allocate(),

@@ -83,9 +83,9 @@ class PrefillAdder:
                 - handle.cached_len // self.cache.page_size)
         if self.reserved_pages + need > self.cache.available_pages:
             return None
-        self.cache.lock(handle)  # a locked prefix is no longer evictable: check again
+        self.cache.prefix_cache.lock(handle)  # a locked prefix is no longer evictable: check again
         if self.reserved_pages + need > self.cache.available_pages:
-            self.cache.unlock(handle)
+            self.cache.prefix_cache.unlock(handle)
             return None
         self.reserved_pages += need
         req = self._next_chunk(pending, self.table.allocate(), handle.cached_len, None)

@@ -35,12 +35,6 @@ class CacheManager:
         # The last prompt token is always computed: its logits give the first output token.
         return self.prefix_cache.match_prefix(token_ids[:-1].tolist())
 
-    def lock(self, handle: CacheHandle) -> None:
-        self.prefix_cache.lock(handle)
-
-    def unlock(self, handle: CacheHandle) -> None:
-        self.prefix_cache.unlock(handle)
-
     def attach(self, req: Req, handle: CacheHandle) -> None:
         """`req` starts from the matched prefix, which `handle` (already locked) keeps alive."""
         self.handles[req] = handle

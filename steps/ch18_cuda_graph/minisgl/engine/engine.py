@@ -231,10 +231,8 @@ class Engine:
         return ForwardOutput(next_tokens, next_tokens_host, copy_done)
 
     def launch(self, batch: Batch, sampled: list[int]) -> InFlight:
-        """Compute one batch whose pages are allocated: inputs on the preparation stream, then
-        on the engine's stream a graph replay (a decode batch of a captured size) or an eager
-        forward, sampling, and the tokens of the requests at `sampled` written into the token
-        pool as their next inputs."""
+        """Compute one batch whose pages are allocated; the tokens sampled for the requests at
+        `sampled` go into the token pool as their next inputs."""
         reqs = batch.reqs
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
+from minisgl.attention import BaseAttentionBackend
 from minisgl.core import Batch, Context, Req, SamplingParams
-
-
-class Graph(Protocol):
-    def replay(self) -> None: ...
 
 
 class CudaGraph:
@@ -35,10 +31,8 @@ class CudaGraph:
 
 
 class EmulatedGraph:
-    """The CPU's stand-in. Replaying re-runs the captured step on the capture-time objects: the
-    static batch, its metadata, the static buffers. What a real replay would not see — a tensor
-    the runner forgot to copy into a static buffer, a Python value read at capture — this one
-    does not see either, so such a bug gives wrong tokens on the CPU exactly as on a GPU."""
+    """The CPU's stand-in: a replay re-runs the captured step on the capture-time objects, so
+    what a real replay would miss (an input not copied into a static buffer) it misses too."""
 
     def __init__(self, step: Callable[[], None], pool: object = None, stream: object = None) -> None:
         self.step = step
@@ -55,25 +49,15 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes) | {max_bs})
 
 
-class GraphBackend(Protocol):
-    """What the runner needs from the attention backend (attention.BaseAttentionBackend)."""
-
-    def capture_metadata(self, batch_size: int) -> object: ...
-
-    def prepare_replay(self, batch: Batch, padded_size: int) -> None: ...
-
-    def prepare_in_graph(self, rows: torch.Tensor, positions: torch.Tensor) -> None: ...
-
-
 class GraphRunner:
     """The decode forward captured for each of `batch_sizes`; a batch of n replays the smallest
     size >= n, its extra rows pointing at the spare page-table row. Static buffers: each
     token's page-table row and position (input ids and KV slots are read from them inside the
     graph), the backend's metadata, and the logits."""
 
-    def __init__(self, model: object, ctx: Context, backend: GraphBackend, page_table: torch.Tensor,
-                 token_pool: torch.Tensor, batch_sizes: list[int], vocab_size: int,
-                 dummy_row: int, emulate: bool, dtype: torch.dtype) -> None:
+    def __init__(self, model: object, ctx: Context, backend: BaseAttentionBackend,
+                 page_table: torch.Tensor, token_pool: torch.Tensor, batch_sizes: list[int],
+                 vocab_size: int, dummy_row: int, emulate: bool, dtype: torch.dtype) -> None:
         self.model, self.ctx, self.backend = model, ctx, backend
         self.page_table, self.token_pool = page_table, token_pool
         self.batch_sizes, self.dummy_row = batch_sizes, dummy_row
@@ -82,8 +66,8 @@ class GraphRunner:
         self.rows = torch.full((max_bs,), dummy_row, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_bs, dtype=torch.long, device=device)
         self.logits = torch.zeros(max_bs, vocab_size, dtype=dtype, device=device)
-        self.graphs: dict[int, Graph] = {}
-        make: Callable[..., Graph] = EmulatedGraph if emulate else CudaGraph
+        self.graphs: dict[int, CudaGraph | EmulatedGraph] = {}
+        make = EmulatedGraph if emulate else CudaGraph
         pool = None if emulate else torch.cuda.graph_pool_handle()  # shared by all sizes
         stream = None if emulate else torch.cuda.Stream(device)
         # Largest first: its memory is reused by the smaller graphs from the shared pool.

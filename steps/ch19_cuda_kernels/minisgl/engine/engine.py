@@ -72,6 +72,8 @@ class Engine:
         self.comm = init_distributed(self.tp, self.device, config.dist_init_address)
         self._undo.append(destroy_distributed)
         self.stream = create_stream(self.device)
+        # Before any weight is read: a kernel that cannot be built (no compiler) or a backend
+        # that cannot run here is an error message now, not a crash inside the first forward.
         self._prepare_kernels(config)
         self._choose_backends(config)
         self.model = load_model(config.model_path, config.dtype, self.device)  # our shards
@@ -111,8 +113,7 @@ class Engine:
                             else configure_gpu_host_threads())
 
     def _prepare_kernels(self, config: EngineConfig) -> None:
-        """Our kernels are built (or found in the cache) before any weight is read: a missing
-        compiler is an error message now, not a crash inside the first forward."""
+        """Our kernels are built (or found in the cache) for the device the mode runs them on."""
         self._undo.append(partial(cuda_kernels.set_mode,
                                   cuda_kernels.set_mode(config.custom_kernels)))
         if config.custom_kernels != "off" and (
@@ -120,8 +121,6 @@ class Engine:
             cuda_kernels.prepare(self.device)
 
     def _choose_backends(self, config: EngineConfig) -> None:
-        """Before any weight is read: a backend that cannot run here is an error message now,
-        not a crash inside the first forward."""
         self.attention_backend_name = resolve_attention_backend(
             config.attention_backend, self.device, config.dtype,
             ModelConfig.from_dir(config.model_path).head_dim)
@@ -184,7 +183,12 @@ class Engine:
             return None
         max_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         sizes = capture_batch_sizes(max_bs)
-        self._use_custom_decode_attention()
+        # Captured decode steps attend with chapter 19's kernel where it takes the model: it
+        # stands in front of the backend, for the engine and for the model's layers alike.
+        num_qo_heads = self.model.config.num_q_heads // self.tp.size  # this rank's
+        if CustomDecodeAttention.takes(self.kv_pool, num_qo_heads):
+            self.attn_backend = self.ctx.attn_backend = CustomDecodeAttention(
+                self.attn_backend, self.kv_pool, self.page_table, num_qo_heads)
         self.attn_backend.init_graph(max(sizes), self.dummy_row)
         start = time.perf_counter()
         free_before = self._free_device_memory() if not emulate else 0
@@ -195,14 +199,6 @@ class Engine:
         self.graph_capture_seconds = time.perf_counter() - start
         self.graph_memory_bytes = free_before - self._free_device_memory() if not emulate else 0
         return runner
-
-    def _use_custom_decode_attention(self) -> None:
-        """Captured decode steps attend with chapter 19's kernel where it takes the model: it
-        stands in front of the backend, for the engine and for the model's layers alike."""
-        num_qo_heads = self.model.config.num_q_heads // self.tp.size  # this rank's
-        if CustomDecodeAttention.takes(self.kv_pool, num_qo_heads):
-            self.attn_backend = self.ctx.attn_backend = CustomDecodeAttention(
-                self.attn_backend, self.kv_pool, self.page_table, num_qo_heads)
 
     def _free_device_memory(self) -> int:
         # Cached blocks nobody uses (the loader's temporaries) go back first, or the measure
@@ -252,10 +248,8 @@ class Engine:
         return ForwardOutput(next_tokens, next_tokens_host, copy_done)
 
     def launch(self, batch: Batch, sampled: list[int]) -> InFlight:
-        """Compute one batch whose pages are allocated: inputs on the preparation stream, then
-        on the engine's stream a graph replay (a decode batch of a captured size) or an eager
-        forward, sampling, and the tokens of the requests at `sampled` written into the token
-        pool as their next inputs."""
+        """Compute one batch whose pages are allocated; the tokens sampled for the requests at
+        `sampled` go into the token pool as their next inputs."""
         reqs = batch.reqs
         padded = self.graphs.padded_size(batch) if self.graphs is not None else None
         with use_stream(self.prepare_stream):

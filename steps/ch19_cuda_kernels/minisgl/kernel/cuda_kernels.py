@@ -62,12 +62,13 @@ def prepare(device: torch.device) -> None:
 # work on every call, and an eager prefill step makes a few calls per layer.
 @cache
 def _library(name: str, device: torch.device) -> ctypes.CDLL:
-    """The library for `device`, with the argument and result types of its functions set."""
+    """The library for `device`, with the argument and result types of its functions set: each
+    returns 0, or a CUDA error code."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device.index)
-        library = jit.load(name, "cuda", f"sm_{major}{minor}")
+        library = ctypes.CDLL(str(jit.build(name, "cuda", f"sm_{major}{minor}")))
     else:
-        library = jit.load(name, "emulator", None)
+        library = ctypes.CDLL(str(jit.build(name, "emulator")))
     for function, argtypes in _SIGNATURES.items():
         if hasattr(library, function):
             getattr(library, function).argtypes = argtypes

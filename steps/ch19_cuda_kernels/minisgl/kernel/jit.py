@@ -5,7 +5,6 @@ seconds."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import shutil
@@ -100,10 +99,3 @@ def build(name: str, target: str, arch: str | None = None) -> Path:
             run_compiler([str(partial) if arg == output else arg for arg in command])
             partial.replace(library)  # a process building the same library meanwhile is fine
     return library
-
-
-@cache
-def load(name: str, target: str, arch: str | None = None) -> ctypes.CDLL:
-    """Build (or find) and load a kernel library; each exported function returns 0, or a CUDA
-    error code."""
-    return ctypes.CDLL(str(build(name, target, arch)))

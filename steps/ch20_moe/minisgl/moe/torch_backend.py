@@ -9,10 +9,8 @@ from .base import BaseMoEBackend, select_experts
 
 
 class TorchMoEBackend(BaseMoEBackend):
-    """For each chosen expert: gather its tokens, run its gated MLP, add the result weighted by
-    the routing weight into those tokens' rows. Clear and slow: one small GEMM chain per expert,
-    and 1 + (chosen experts) host syncs: one to learn which experts were chosen, then one per
-    expert in nonzero(), which must learn how many rows it returns."""
+    """Clear and slow: one small GEMM chain per chosen expert, and 1 + (chosen experts) host
+    syncs: one to learn which experts were chosen, then one per nonzero() to size its rows."""
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor,
                 w2: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:

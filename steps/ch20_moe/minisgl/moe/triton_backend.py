@@ -45,9 +45,7 @@ class TritonMoEBackend(BaseMoEBackend):
     def unsupported_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
         if importlib.util.find_spec("triton") is None:
             return "the package triton is not installed: pip install triton"
-        if device.type == "cuda":
-            return None
-        if device.type == "cpu" and interpreter_enabled():
+        if device.type == "cuda" or (device.type == "cpu" and interpreter_enabled()):
             return None
         return (f"Triton compiles kernels for GPUs, and the device is {device}; on a CPU they run "
                 "only in Triton's interpreter, enabled by TRITON_INTERPRET=1 in the environment "
