@@ -33,20 +33,11 @@ class NullEvent:
     def query(self) -> bool:
         return True
 
-    def wait(self, stream: object = None) -> None:
-        pass
-
 
 class NullStream:
     """torch.cuda.Stream's interface on the CPU, where every op runs in issue order anyway."""
 
-    def synchronize(self) -> None:
-        pass
-
     def wait_stream(self, stream: object) -> None:
-        pass
-
-    def wait_event(self, event: object) -> None:
         pass
 
 
