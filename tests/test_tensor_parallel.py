@@ -38,7 +38,7 @@ from conftest import (MODELS_DIR, ROOT, SMOLLM2, TINY_LLAMA, TINY_MISTRAL, TINY_
 from minisgl.core import SamplingParams
 from minisgl.distributed import TPInfo, destroy_distributed, get_comm, get_tp_info, init_distributed
 from minisgl.layers import Embedding, LMHead, vocab_shard
-from minisgl.utils import configure_cpu_threads
+from minisgl.utils import configure_threads
 from minisgl.utils.process import rendezvous_address
 from minisgl.utils.zmq_queue import new_run_id
 from processes import (START_TIMEOUT, Child, descendants_of, minisgl_env, model_that_never_loads,
@@ -500,14 +500,14 @@ def test_cpu_threads_are_cores_divided_by_tp(monkeypatch, torch_threads, physica
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(device_module, "physical_core_count", lambda: physical)
     monkeypatch.setattr(device_module, "usable_cpu_count", lambda: usable)
-    assert configure_cpu_threads(tp) == expected == torch.get_num_threads()
+    assert configure_threads(torch.device("cpu"), tp) == expected == torch.get_num_threads()
 
 
 def test_omp_num_threads_wins(monkeypatch, torch_threads):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setattr(device_module, "physical_core_count", lambda: 8)
     torch.set_num_threads(3)
-    assert configure_cpu_threads(2) == 3
+    assert configure_threads(torch.device("cpu"), 2) == 3
 
 
 # ----------------------------------------------------------------------------------------------

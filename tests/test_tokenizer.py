@@ -430,33 +430,34 @@ def worker(smollm2_path):
 
 def test_worker_sends_a_tokenized_prompt_to_the_scheduler(worker, tok):
     params = SamplingParams(max_tokens=5)
-    out = worker.handle([TokenizeMsg(1, CHAT, params)])
-    assert out.to_frontend == []
-    [user] = out.to_scheduler
+    to_scheduler, to_frontend = worker.handle([TokenizeMsg(1, CHAT, params)])
+    assert to_frontend == []
+    [user] = to_scheduler
     assert isinstance(user, UserMsg) and user.uid == 1 and user.sampling_params == params
     assert user.input_ids.tolist() == TokenizeManager(tok).tokenize(CHAT).tolist()
 
 
 def test_worker_answers_an_untokenizable_prompt_with_an_error_reply(worker):
-    out = worker.handle([TokenizeMsg(2, "", SamplingParams())])
-    assert out.to_scheduler == []
-    [reply] = out.to_frontend
+    to_scheduler, to_frontend = worker.handle([TokenizeMsg(2, "", SamplingParams())])
+    assert to_scheduler == []
+    [reply] = to_frontend
     assert reply == UserReply(2, "", True, "the prompt is empty")
 
 
 def test_worker_sends_detokenized_text_to_the_frontend(worker, tok):
     ids = tok("好").input_ids
-    out = worker.handle([DetokenizeMsg(3, t, n == len(ids) - 1) for n, t in enumerate(ids)])
-    assert out.to_scheduler == []
-    assert [r.uid for r in out.to_frontend] == [3] * len(ids)
-    assert "".join(r.incremental_output for r in out.to_frontend) == "好"
-    assert out.to_frontend[-1].finished
+    to_scheduler, to_frontend = worker.handle(
+        [DetokenizeMsg(3, t, n == len(ids) - 1) for n, t in enumerate(ids)])
+    assert to_scheduler == []
+    assert [r.uid for r in to_frontend] == [3] * len(ids)
+    assert "".join(r.incremental_output for r in to_frontend) == "好"
+    assert to_frontend[-1].finished
 
 
 def test_worker_forwards_aborts_in_order(worker):
-    out = worker.handle([TokenizeMsg(4, "hi", SamplingParams()), AbortMsg(4),
-                         TokenizeMsg(5, "yo", SamplingParams())])
-    assert [(type(m).__name__, m.uid) for m in out.to_scheduler] == \
+    to_scheduler, _ = worker.handle([TokenizeMsg(4, "hi", SamplingParams()), AbortMsg(4),
+                                     TokenizeMsg(5, "yo", SamplingParams())])
+    assert [(type(m).__name__, m.uid) for m in to_scheduler] == \
         [("UserMsg", 4), ("AbortMsg", 4), ("UserMsg", 5)]
 
 

@@ -1,7 +1,7 @@
 """Layers: small operators that declare their parameters by name and call the kernels."""
 
 from .activation import SiluAndMul
-from .base import BaseOP, OPList, StatelessOP, meta_param
+from .base import BaseOP, OPList, meta_param
 from .embedding import Embedding, LMHead
 from .linear import Linear, MergedLinear, QKVLinear
 from .norm import FusedAddRMSNorm, RMSNorm

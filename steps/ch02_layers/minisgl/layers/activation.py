@@ -4,10 +4,10 @@ import torch
 
 from minisgl.kernel import silu_and_mul
 
-from .base import StatelessOP
+from .base import BaseOP
 
 
-class SiluAndMul(StatelessOP):
+class SiluAndMul(BaseOP):
     """[gate | up] -> silu(gate) * up: the activation of a SwiGLU MLP after gate_up_proj."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -61,10 +61,6 @@ class BaseOP:
             dict(self.named_children())[head]._set(rest, tensor)
 
 
-class StatelessOP(BaseOP):
-    """An operator with no parameters of its own (activation, rotary, attention)."""
-
-
 T = TypeVar("T", bound=BaseOP)
 
 

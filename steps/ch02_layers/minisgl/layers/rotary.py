@@ -7,7 +7,7 @@ import torch
 
 from minisgl.kernel import apply_rotary_inplace
 
-from .base import StatelessOP
+from .base import BaseOP
 
 
 def rope_inv_freq(head_dim: int, base: float,
@@ -64,7 +64,7 @@ def _yarn(inv_freq: torch.Tensor, head_dim: int, base: float, factor: float,
     return inv_freq, float(attention_factor)
 
 
-class RotaryEmbedding(StatelessOP):
+class RotaryEmbedding(BaseOP):
     """Rotates q and k by their token positions, reading a precomputed cos/sin table. The table
     is not a parameter (its name starts with _), so checkpoints neither hold nor need it."""
 

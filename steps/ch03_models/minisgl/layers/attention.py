@@ -4,12 +4,12 @@ import torch
 
 from minisgl.core import get_global_ctx
 
-from .base import StatelessOP
+from .base import BaseOP
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 
 
-class AttentionLayer(StatelessOP):
+class AttentionLayer(BaseOP):
     """Everything between the fused qkv projection and o_proj: split q/k/v, Qwen3's per-head
     q/k-norm, RoPE, then the attention backend found in the global Context.
 

@@ -43,10 +43,7 @@ class ModelConfig:
         # rope_theta at the top and the scaling in rope_scaling.
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-        if rope.get("rope_type", rope.get("type", "default")) == "default":
-            rope_scaling = None
-        else:
-            rope_scaling = {"rope_type": rope.get("rope_type", rope.get("type")), **rope}
+        kind = rope.setdefault("rope_type", rope.get("type", "default"))  # older files: "type"
         if hf.get("hidden_act", "silu") != "silu":  # the MLPs here are SwiGLU
             raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu'")
         max_position = hf.get("max_position_embeddings", 4096)
@@ -63,7 +60,7 @@ class ModelConfig:
             vocab_size=hf["vocab_size"],
             rms_norm_eps=hf["rms_norm_eps"],
             rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
+            rope_scaling=None if kind == "default" else rope,
             max_position=max_position,
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             attention_bias=hf.get("attention_bias", False),

@@ -10,9 +10,8 @@ from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import load_model
-from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, current_stream, pick_device, pin, synchronize,
-                           use_stream)
+from minisgl.utils import (Event, configure_threads, create_event, create_stream, current_stream,
+                           pick_device, pin, synchronize, use_stream)
 
 from .config import EngineConfig
 from .sampler import Sampler, SamplingArgs
@@ -60,8 +59,7 @@ class Engine:
         """The device, and as many CPU threads as this process computes well with."""
         self.device = pick_device(config.device)
         self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-        self.num_threads = (configure_cpu_threads() if self.device.type == "cpu"
-                            else configure_gpu_host_threads())
+        self.num_threads = configure_threads(self.device)
 
     def _allocate_kv_pool(self, config: EngineConfig) -> None:
         """As many KV pages as the memory budget holds, and the longest request they allow."""

@@ -33,20 +33,11 @@ class NullEvent:
     def query(self) -> bool:
         return True
 
-    def wait(self, stream: object = None) -> None:
-        pass
-
 
 class NullStream:
     """torch.cuda.Stream's interface on the CPU, where every op runs in issue order anyway."""
 
-    def synchronize(self) -> None:
-        pass
-
     def wait_stream(self, stream: object) -> None:
-        pass
-
-    def wait_event(self, event: object) -> None:
         pass
 
 
@@ -114,20 +105,13 @@ def usable_cpu_count() -> int:
     return usable or 1
 
 
-def configure_gpu_host_threads() -> int:
-    """One PyTorch thread for a process whose model runs on a GPU, unless OMP_NUM_THREADS says
-    otherwise: its host builds only small tensors, and idle OpenMP workers spinning after each
-    op slow every step on a many-core host. Returns the thread count in effect."""
+def configure_threads(device: torch.device, tp_size: int = 1) -> int:
+    """PyTorch's threads for a process whose model runs on `device`, unless OMP_NUM_THREADS says
+    otherwise; returns the count in effect. On the CPU, one per physical core this process may
+    use, split among TP ranks: for decode's tiny matrices, more threads mostly add
+    synchronisation. With a GPU, one: the host builds only small tensors, and idle OpenMP
+    workers spinning after each op slow every step on a many-core host."""
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
-    return torch.get_num_threads()
-
-
-def configure_cpu_threads(tp_size: int = 1) -> int:
-    """One PyTorch thread per physical core this process may use, split among TP ranks, unless
-    OMP_NUM_THREADS says otherwise: for decode's tiny matrices, threads beyond the real cores
-    mostly add synchronisation. Returns the thread count in effect."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        cores = min(physical_core_count(), usable_cpu_count())
-        torch.set_num_threads(max(1, cores // tp_size))
+        cores = min(physical_core_count(), usable_cpu_count()) // tp_size
+        torch.set_num_threads(max(1, cores) if device.type == "cpu" else 1)
     return torch.get_num_threads()

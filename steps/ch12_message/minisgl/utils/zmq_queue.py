@@ -27,16 +27,17 @@ def ipc_address(run_id: str, name: str) -> str:
 
 class _Queue(Generic[T]):
     _kind: int  # the ZMQ socket type, set by each queue class
-    # A full PUB queue drops messages silently; for ranks that must see every message the same,
-    # a backlog (memory) is better than a loss. The limit must be set before bind/connect.
-    _unlimited_backlog = False
 
     def __init__(self, address: str, bind: bool) -> None:
         self._socket = zmq.Context.instance().socket(self._kind)
         self._socket.setsockopt(zmq.LINGER, 0)  # closing never blocks on unsent messages
-        if self._unlimited_backlog:
+        if self._kind in (zmq.PUB, zmq.SUB):
+            # A full PUB queue drops messages silently; for ranks that must see every message the
+            # same, a backlog (memory) is better than a loss. Set before bind/connect to count.
             self._socket.setsockopt(zmq.SNDHWM, 0)
             self._socket.setsockopt(zmq.RCVHWM, 0)
+        if self._kind == zmq.SUB:
+            self._socket.setsockopt(zmq.SUBSCRIBE, b"")  # everything
         (self._socket.bind if bind else self._socket.connect)(address)
         self.address = address
         self._bound = bind
@@ -92,13 +93,7 @@ class PubQueue(_Sender[T]):
     """One-to-many: every subscriber receives every message (rank 0 to the other ranks)."""
 
     _kind = zmq.PUB
-    _unlimited_backlog = True
 
 
 class SubQueue(_Receiver[T]):
     _kind = zmq.SUB
-    _unlimited_backlog = True
-
-    def __init__(self, address: str, bind: bool, decode: Callable[[bytes], T]) -> None:
-        super().__init__(address, bind, decode)
-        self._socket.setsockopt(zmq.SUBSCRIBE, b"")  # everything

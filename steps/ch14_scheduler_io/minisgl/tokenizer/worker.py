@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from transformers import AutoTokenizer
 
 from minisgl.message import (DetokenizeMsg, ExitMsg, Message, StatsReply, TokenizeMsg, UserMsg,
@@ -13,12 +11,6 @@ from .detokenize import DetokenizeManager
 from .tokenize import TokenizeManager
 
 MAX_DRAIN = 256  # messages handled together at most: one send each way for all of them
-
-
-@dataclass
-class Outgoing:
-    to_scheduler: list[Message]
-    to_frontend: list[Message]
 
 
 class TokenizerWorker:
@@ -36,23 +28,25 @@ class TokenizerWorker:
         self.tokenize = TokenizeManager(tokenizer)
         self.detokenize = DetokenizeManager(tokenizer)
 
-    def handle(self, messages: list[Message]) -> Outgoing:
-        out = Outgoing([], [])
+    def handle(self, messages: list[Message]) -> tuple[list[Message], list[Message]]:
+        """(to the scheduler, to the API server), each in the order the messages came."""
+        to_scheduler: list[Message] = []
+        to_frontend: list[Message] = []
         for msg in messages:
             if isinstance(msg, TokenizeMsg):
                 try:
                     ids = self.tokenize.tokenize(msg.prompt)
                 except Exception as e:  # an empty prompt, a chat its template rejects: not fatal
-                    out.to_frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
+                    to_frontend.append(UserReply(msg.uid, "", finished=True, error=str(e)))
                     continue
-                out.to_scheduler.append(UserMsg(msg.uid, ids, msg.sampling_params))
+                to_scheduler.append(UserMsg(msg.uid, ids, msg.sampling_params))
             elif isinstance(msg, DetokenizeMsg):
-                out.to_frontend.append(self.detokenize.detokenize(msg))
+                to_frontend.append(self.detokenize.detokenize(msg))
             elif isinstance(msg, StatsReply):
-                out.to_frontend.append(msg)
+                to_frontend.append(msg)
             else:
-                out.to_scheduler.append(msg)
-        return out
+                to_scheduler.append(msg)
+        return to_scheduler, to_frontend
 
 
 def run_tokenizer(*, model_path: str, inbox: str, bind_inbox: bool, scheduler: str,
@@ -75,8 +69,8 @@ def run_tokenizer(*, model_path: str, inbox: str, bind_inbox: bool, scheduler: s
         if any(isinstance(m, ExitMsg) for m in messages):
             receive.close()  # the socket file goes too, if this process bound it
             return
-        out = worker.handle(messages)
-        if out.to_scheduler:
-            to_scheduler.put(batched(out.to_scheduler))
-        if out.to_frontend:
-            to_frontend.put(batched(out.to_frontend))
+        for_scheduler, for_frontend = worker.handle(messages)
+        if for_scheduler:
+            to_scheduler.put(batched(for_scheduler))
+        if for_frontend:
+            to_frontend.put(batched(for_frontend))

@@ -11,9 +11,8 @@ from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx
 from minisgl.distributed import TPInfo, destroy_distributed, init_distributed
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import load_model
-from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, current_stream, pick_device, pin, synchronize,
-                           use_stream)
+from minisgl.utils import (Event, configure_threads, create_event, create_stream, current_stream,
+                           pick_device, pin, synchronize, use_stream)
 
 from .config import EngineConfig
 from .sampler import Sampler, SamplingArgs
@@ -75,8 +74,7 @@ class Engine:
             self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
             torch.cuda.set_device(self.device)
         self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
-                            else configure_gpu_host_threads())
+        self.num_threads = configure_threads(self.device, self.tp.size)
 
     def _allocate_kv_pool(self, config: EngineConfig) -> None:
         """As many KV pages as the memory budget holds, and the longest request they allow."""

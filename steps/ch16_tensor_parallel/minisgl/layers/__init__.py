@@ -2,7 +2,7 @@
 
 from .activation import SiluAndMul
 from .attention import AttentionLayer
-from .base import BaseOP, OPList, StatelessOP, meta_param
+from .base import BaseOP, OPList, meta_param
 from .embedding import Embedding, LMHead, vocab_shard
 from .linear import Linear, MergedLinear, QKVLinear, RowParallelLinear
 from .norm import FusedAddRMSNorm, RMSNorm

@@ -14,9 +14,8 @@ from minisgl.core import (Batch, Context, Req, SamplingParams, get_global_ctx,
 from minisgl.distributed import TPInfo, destroy_distributed, init_distributed
 from minisgl.kvcache import MHAKVPool
 from minisgl.models import ModelConfig, load_model
-from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, current_stream, pick_device, pin, synchronize,
-                           use_stream)
+from minisgl.utils import (Event, configure_threads, create_event, create_stream, current_stream,
+                           pick_device, pin, synchronize, use_stream)
 from minisgl.utils.ragged import ragged_arange
 
 from .config import EngineConfig
@@ -104,8 +103,7 @@ class Engine:
             self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
             torch.cuda.set_device(self.device)
         self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
-                            else configure_gpu_host_threads())
+        self.num_threads = configure_threads(self.device, self.tp.size)
 
     def _choose_backends(self, config: EngineConfig) -> None:
         """Before any weight is read: a backend that cannot run here is an error message now,

@@ -17,9 +17,8 @@ from minisgl.kernel import cuda_kernels
 from minisgl.kvcache import MHAKVPool
 from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.models import ModelConfig, load_model
-from minisgl.utils import (Event, configure_cpu_threads, configure_gpu_host_threads, create_event,
-                           create_stream, current_stream, pick_device, pin, synchronize,
-                           use_stream)
+from minisgl.utils import (Event, configure_threads, create_event, create_stream, current_stream,
+                           pick_device, pin, synchronize, use_stream)
 from minisgl.utils.ragged import ragged_arange
 
 from .config import EngineConfig
@@ -110,8 +109,7 @@ class Engine:
             self._undo.append(partial(torch.cuda.set_device, torch.cuda.current_device()))
             torch.cuda.set_device(self.device)
         self._undo.append(partial(torch.set_num_threads, torch.get_num_threads()))
-        self.num_threads = (configure_cpu_threads(self.tp.size) if self.device.type == "cpu"
-                            else configure_gpu_host_threads())
+        self.num_threads = configure_threads(self.device, self.tp.size)
 
     def _prepare_kernels(self, config: EngineConfig) -> None:
         """Our kernels are built (or found in the cache) for the device the mode runs them on."""

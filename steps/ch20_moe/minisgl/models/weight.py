@@ -55,13 +55,13 @@ def read_shard(f: Any, name: str) -> torch.Tensor:
     return f.get_tensor(name)
 
 
-def _fused_name(name: str) -> tuple[str, int, int] | None:
-    """'m.layers.0.self_attn.k_proj.weight' -> ('m.layers.0.self_attn.qkv_proj.weight', 1, 3):
-    the fused tensor, this part's place in it, and how many parts it has."""
+def _fused_name(name: str) -> tuple[str, list[str]] | None:
+    """'m.0.self_attn.k_proj.weight' -> ('m.0.self_attn.qkv_proj.weight', the names of its q, k
+    and v parts): the fused tensor `name` is a part of, and all its parts in output order."""
     *module, part, kind = name.split(".")
     for fused, parts in FUSED:
         if part in parts:
-            return ".".join([*module, fused, kind]), parts.index(part), len(parts)
+            return ".".join([*module, fused, kind]), [".".join([*module, p, kind]) for p in parts]
     return None
 
 
@@ -74,7 +74,7 @@ def read_checkpoint(path: Path, config: ModelConfig, dtype: torch.dtype,
     if not files:
         raise FileNotFoundError(f"model directory {str(path)!r} has no *.safetensors file")
     state: dict[str, torch.Tensor] = {}
-    pieces: dict[str, list[torch.Tensor | None]] = {}
+    fused: dict[str, list[str]] = {}  # fused name -> its parts' names, read into `state` first
     experts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}  # '...experts' -> its tensors
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
@@ -87,31 +87,27 @@ def read_checkpoint(path: Path, config: ModelConfig, dtype: torch.dtype,
                 if (expert := EXPERT.fullmatch(name)) is not None:  # stacked, not gate_up-fused
                     key = (int(expert["index"]), expert["part"])
                     experts.setdefault(expert["experts"], {})[key] = tensor
-                elif (fused := _fused_name(name)) is None:
-                    state[name] = tensor
-                else:
-                    fused_name, index, count = fused
-                    pieces.setdefault(fused_name, [None] * count)[index] = tensor
-    for fused_name, tensors in pieces.items():
-        state[fused_name] = _concatenate(fused_name, tensors)
+                    continue
+                state[name] = tensor
+                if (parts := _fused_name(name)) is not None:
+                    fused[parts[0]] = parts[1]
+    for fused_name, parts in fused.items():
+        state[fused_name] = _concatenate(fused_name, [(p, state.pop(p, None)) for p in parts])
     for prefix, tensors in experts.items():
         state[f"{prefix}.w13"], state[f"{prefix}.w2"] = _stack_experts(
             prefix, tensors, config.num_experts)
     return state
 
 
-def _concatenate(fused_name: str, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-    """The parts of one fused tensor, checked and concatenated in output order."""
-    fused = fused_name.split(".")[-2]
-    parts = next(parts for name, parts in FUSED if name == fused)
-    named = [(fused_name.replace(f".{fused}.", f".{part}."), t) for part, t in zip(parts, tensors)]
+def _concatenate(fused_name: str, parts: list[tuple[str, torch.Tensor | None]]) -> torch.Tensor:
+    """The (name, tensor) parts of one fused tensor, checked and concatenated in output order."""
     present = []
-    for part_name, tensor in named:
+    for part_name, tensor in parts:
         if tensor is None:
             raise KeyError(f"checkpoint is missing {part_name!r}, a part of {fused_name!r}")
         if present and tensor.shape[1:] != present[0].shape[1:]:
             raise ValueError(f"tensor {part_name!r} has shape {tuple(tensor.shape)}; "
-                             f"{named[0][0]!r} has {tuple(present[0].shape)}")
+                             f"{parts[0][0]!r} has {tuple(present[0].shape)}")
         present.append(tensor)
     return torch.cat(present)
 

@@ -87,14 +87,9 @@ class StepShape:
     def of(cls, phase: str, lengths: Iterable[tuple[int, int]]) -> StepShape:
         """From each request's (cached_len, device_len): it computes tokens cached_len..
         device_len-1, and new token i (1-based) attends to cached_len + i keys."""
-        requests = new_tokens = cached_tokens = pairs = 0
-        for cached, total in lengths:
-            new = total - cached
-            requests += 1
-            new_tokens += new
-            cached_tokens += cached
-            pairs += new * cached + new * (new + 1) // 2
-        return cls(phase, requests, new_tokens, cached_tokens, pairs)
+        spans = [(cached, total - cached) for cached, total in lengths]  # (cached, new)
+        return cls(phase, len(spans), sum(new for _, new in spans), sum(c for c, _ in spans),
+                   sum(new * cached + new * (new + 1) // 2 for cached, new in spans))
 
 
 @dataclass(frozen=True)
