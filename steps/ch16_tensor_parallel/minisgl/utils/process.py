@@ -101,7 +101,7 @@ class Children:
             return None
 
     def wait_ready(self, timeout: float = 600.0) -> dict[str, Any]:
-        """Wait until every child started so far has reported ready; `ready`. Raises
+        """Wait until every child started so far has reported ready; returns `ready`. Raises
         RuntimeError naming the child that failed or died, or the time that ran out."""
         deadline = time.monotonic() + timeout
         while len(self.ready) < len(self.processes):
