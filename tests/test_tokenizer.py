@@ -540,6 +540,14 @@ def test_wait_ready_returns_each_childs_info_by_name():
     assert all(p.exitcode == -signal.SIGTERM for p in children.processes)
 
 
+def test_a_child_that_was_ready_and_has_ended_is_not_dead_to_a_later_wait():
+    with one_child("report_start_up", "done") as (process, children):  # returns once ready
+        children.wait_ready(timeout=60)
+        process.join(timeout=30)
+        children.start("process_targets:ready_late", "late")
+        assert set(children.wait_ready(timeout=60)) == {"done", "late"}
+
+
 def test_wait_ready_names_a_child_that_raises_while_starting():
     with one_child("raise_while_starting", "loader") as (_, children):
         with pytest.raises(RuntimeError, match="loader failed while starting") as info:

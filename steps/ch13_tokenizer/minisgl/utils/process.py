@@ -75,7 +75,8 @@ class Children:
         RuntimeError naming the child that failed or died, or the time that ran out."""
         deadline = time.monotonic() + timeout
         while len(self.ready) < len(self.processes):
-            dead = [p for p in self.processes if p.exitcode is not None]
+            dead = [p for p in self.processes  # not one that was ready, then ended
+                    if p.exitcode is not None and p.name not in self.ready]
             # Once a child has died, wait longer: its traceback may still be on its way.
             report = self._get(timeout=1.0 if dead else 0.2)
             if report is not None and report[0] == "ready":
