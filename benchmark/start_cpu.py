@@ -47,14 +47,12 @@ def child_launcher(method: str, children: int) -> None:
     _use(method)
     from process_cpu import _children, cpu_seconds
 
-    from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
-    status = ReadyQueue()
-    started = []
+    from minisgl.utils.process import Children
+    started = Children()
     for i in range(children):
         start = time.monotonic()
-        p = start_process(report_start_up, f"child{i}", status)
-        started.append(p)
-        cpu = wait_ready([p], status, expected=1, timeout=120)[f"child{i}"]
+        started.start("start_cpu:report_start_up", f"child{i}")  # benchmark/ is on sys.path
+        cpu = started.wait_ready(timeout=120)[f"child{i}"]
         print(f"  子进程 {i + 1}：运行目标之前 CPU {cpu:.2f} 秒，从启动到报告就绪 "
               f"{time.monotonic() - start:.2f} 秒",
               flush=True)
@@ -63,7 +61,7 @@ def child_launcher(method: str, children: int) -> None:
     for pid in servers:
         print(f"  forkserver 自己：CPU {cpu_seconds(pid):.2f} 秒（预加载的 import，只做一次）",
               flush=True)
-    stop_processes(started)
+    started.stop()
 
 
 def tree_launcher(method: str, model: str) -> None:

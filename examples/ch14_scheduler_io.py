@@ -14,7 +14,7 @@ from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, StatsMsg, StatsRe
                              decode, encode, unbatch)
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.io import run_scheduler
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 MODEL = Path("models/SmolLM2-135M-Instruct")
@@ -24,23 +24,23 @@ def ids(text: str) -> torch.Tensor:
     return torch.tensor(tokenizer(text).input_ids, dtype=torch.int32)
 
 
-if __name__ == "__main__":  # 子进程用 spawn 启动，会重新 import 本文件：主程序只在这里跑
+if __name__ == "__main__":  # 子进程（forkserver 起的）会重新 import 本文件：主程序只在这里跑
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     run_id = new_run_id()
     inbox, broadcast, acks, replies = (ipc_address(run_id, n) for n in
                                        ("scheduler", "broadcast", "acks", "detokenizer"))
     config = SchedulerConfig(model_path=str(MODEL), dtype=torch.float32, max_running_req=4,
                              num_page_override=512, max_seq_len_override=256)
-    status = ReadyQueue()
+    children = Children(run_id)
     # 只有一个 rank（world_size=1）：不建 PUB，也不握手。本章的 run_scheduler 直接收 rank 和
     # world_size；第 16 章把它们挪进 config（tp_rank、tp_size，默认就是单卡），不再单独传
     place = dict(rank=0, world_size=1) if "rank" in signature(run_scheduler).parameters else {}
-    process = start_process(run_scheduler, "scheduler", status, config=config, **place,
-                            inbox=inbox, broadcast=broadcast, acks=acks, reply=replies)
+    process = children.start("minisgl.scheduler.io:run_scheduler", "scheduler", config=config,
+                             **place, inbox=inbox, broadcast=broadcast, acks=acks, reply=replies)
     from_scheduler = PullQueue(replies, bind=True, decode=decode)  # 我们就是"反分词进程"
     to_scheduler = PushQueue(inbox, bind=False, encode=encode)
     try:
-        print("调度器就绪：", wait_ready([process], status, expected=1, timeout=300))
+        print("调度器就绪：", children.wait_ready(timeout=300))
         to_scheduler.put(UserMsg(0, ids("The capital of France is"), SamplingParams(max_tokens=8)))
         to_scheduler.put(UserMsg(1, ids("Tell me a long story."),
                                  SamplingParams(max_tokens=200, ignore_eos=True)))
@@ -70,6 +70,6 @@ if __name__ == "__main__":  # 子进程用 spawn 启动，会重新 import 本�
         process.join(timeout=60)
         print("ExitMsg 之后调度器进程的退出码：", process.exitcode)
     finally:
-        stop_processes([process])
+        children.stop()
         to_scheduler.close()
         from_scheduler.close()

@@ -21,6 +21,12 @@ def ready_then_sleep(*, status, seconds: float = 60.0) -> None:
     time.sleep(seconds)
 
 
+def ready_late(*, status) -> None:
+    """Report ready after two seconds (longer than a wait for a dead child's report), then idle."""
+    time.sleep(2.0)
+    ready_then_sleep(status=status)
+
+
 def raise_while_starting(*, status) -> None:
     raise FileNotFoundError("no checkpoint at /nowhere/model")
 

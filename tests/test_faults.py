@@ -27,7 +27,6 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-import process_targets
 from conftest import MODELS_DIR, TINY_QWEN3
 from processes import Child, descendants_of, wait_all_gone, workers_of
 
@@ -210,29 +209,27 @@ def test_the_launcher_exits_1_and_stops_every_child(outcome):
 def test_the_killed_child_is_named_not_the_one_that_failed_because_of_it():
     """Rank 0 raises once its peer's connection breaks, as it does in an all-reduce: the cause
     is the peer, which could report nothing. Rank 0's traceback is kept, not printed."""
-    from minisgl.utils.process import (ReadyQueue, first_exit, start_process, stop_processes,
-                                       wait_ready)
+    from minisgl.utils.process import Children
 
-    status = ReadyQueue()
+    children = Children()
     rank0_end, rank1_end = multiprocessing.Pipe()
-    processes = [start_process(process_targets.fail_when_peer_dies, "scheduler-rank0", status,
-                               peer=rank0_end),
-                 start_process(process_targets.hold_peer, "scheduler-rank1", status,
-                               peer=rank1_end)]
     try:
+        rank0 = children.start("process_targets:fail_when_peer_dies", "scheduler-rank0",
+                               peer=rank0_end)
+        children.wait_ready(timeout=60)  # before rank 1, which never reports
+        rank1 = children.start("process_targets:hold_peer", "scheduler-rank1", peer=rank1_end)
         rank0_end.close()  # the children have their own copies
         rank1_end.close()
-        wait_ready(processes[:1], status, expected=1, timeout=60)  # rank 0 waits on its peer
-        assert first_exit(processes, status) is None
-        processes[1].kill()
-        for p in processes:
+        assert children.first_exit() is None
+        rank1.kill()
+        for p in children.processes:
             p.join(timeout=30)
-        exited = first_exit(processes, status)
+        exited = children.first_exit()
     finally:
-        stop_processes(processes)
-    assert processes[0].exitcode == 1
+        children.stop()
+    assert rank0.exitcode == 1
     assert exited is not None and str(exited) == "scheduler-rank1 was killed by SIGKILL"
-    assert "EOFError" in status.failures["scheduler-rank0"]
+    assert "EOFError" in children.failures["scheduler-rank0"]
 
 
 def test_a_child_that_raised_is_named_with_its_exception():

@@ -346,20 +346,19 @@ def test_cpu_seconds_grow_with_work_and_children_come_in_start_order():
 def test_workers_forked_by_a_forkserver_stand_in_for_it():
     """The engine's workers are children of its forkserver (chapter 13), not of the launcher:
     the per-process table must find them, not the idle forkserver."""
-    import process_targets
-    from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+    from minisgl.utils.process import Children
     from processes import children_of, cmdline
 
-    status = ReadyQueue()
-    processes = [start_process(process_targets.ready_then_sleep, f"worker-{i}", status)
-                 for i in range(2)]
+    children = Children()
+    for i in range(2):
+        children.start("process_targets:ready_then_sleep", f"worker-{i}")
     try:
-        wait_ready(processes, status, expected=2, timeout=60)
+        children.wait_ready(timeout=60)
         found = process_cpu.children(os.getpid())
-        workers = [p.pid for p in processes]
+        workers = [p.pid for p in children.processes]
         assert [p for p in found if p in workers] == workers  # both, in start order
         forkservers = [c for c in children_of(os.getpid())
                        if "multiprocessing.forkserver" in cmdline(c)]
         assert forkservers and not set(forkservers) & set(found)
     finally:
-        stop_processes(processes)
+        children.stop()

@@ -23,8 +23,7 @@ from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, StatsMs
                              UserMsg, decode, encode, unbatch)
 from minisgl.scheduler import Scheduler, SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_scheduler
-from minisgl.utils.process import (ReadyQueue, start_process, stop_processes,
-                                   wait_ready)
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue, ipc_address, new_run_id
 from scheduler_helpers import held_requests
 
@@ -427,13 +426,13 @@ def process_run() -> Iterator[ProcessRun]:
     outs = [ipc_address(run_id, f"out{rank}") for rank in range(2)]
     ranks = [Collector(out) for out in outs]
     # Rank 1 gets a reply address too, so its results can be compared with rank 0's.
-    status = ReadyQueue()
-    processes = [start_process(run_scheduler, f"scheduler-rank{rank}", status, inbox=inbox,
-                               broadcast=broadcast, acks=acks, reply=out, **rank_args(rank, run_id))
-                 for rank, out in enumerate(outs)]
+    children = Children()
+    for rank, out in enumerate(outs):
+        children.start("minisgl.scheduler.io:run_scheduler", f"scheduler-rank{rank}", inbox=inbox,
+                       broadcast=broadcast, acks=acks, reply=out, **rank_args(rank, run_id))
     tokenizer = PushQueue(inbox, bind=False, encode=encode)
     try:
-        run = ProcessRun(wait_ready(processes, status, expected=2, timeout=120), ranks)
+        run = ProcessRun(children.wait_ready(timeout=120), ranks)
         for uid, ids in PROMPTS.items():
             tokenizer.put(UserMsg(uid, torch.tensor(ids, dtype=torch.int32), greedy(MAX_TOKENS)))
         for r in ranks:
@@ -453,14 +452,14 @@ def process_run() -> Iterator[ProcessRun]:
             r.pump(lambda r=r: 20 in r.ended and 21 in r.ended)
 
         tokenizer.put(ExitMsg())
-        for p in processes:
+        for p in children.processes:
             p.join(timeout=60)
-        run.exit_codes = [p.exitcode for p in processes]
+        run.exit_codes = [p.exitcode for p in children.processes]
         run.socket_files_left = [a for a in (inbox, broadcast, acks)
                                  if os.path.exists(a.removeprefix("ipc://"))]
         yield run
     finally:
-        stop_processes(processes)
+        children.stop()
         tokenizer.close()
         for r in ranks:
             r.queue.close()

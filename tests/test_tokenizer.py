@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -22,11 +22,11 @@ from minisgl.core import SamplingParams
 from minisgl.message import (AbortMsg, BatchMsg, DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg,
                              UserReply, decode, encode, unbatch)
 from minisgl.tokenizer import (DetokenizeManager, IncrementalDetokenizer, StopMatcher,
-                               TokenizeManager, TokenizerWorker, run_tokenizer)
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+                               TokenizeManager)
+from minisgl.tokenizer.worker import TokenizerWorker
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
-import process_targets
 from processes import descendants_of, running, wait_all_gone
 
 CHAPTER = 13  # tools/steps.py check runs this module on chapter 13's own tree
@@ -479,11 +479,12 @@ def test_run_tokenizer_serves_in_its_own_process_and_exits_on_exit_msg(smollm2_p
     to_tokenizer = PushQueue(inbox, bind=False, encode=encode)
     from_tokenizer = PullQueue(scheduler, bind=True, decode=decode)
     replies = PullQueue(frontend, bind=True, decode=decode)
-    status = ReadyQueue()
-    process = start_process(run_tokenizer, "tokenizer-0", status, model_path=str(smollm2_path),
-                            inbox=inbox, bind_inbox=True, scheduler=scheduler, frontend=frontend)
+    children = Children()
+    process = children.start("minisgl.tokenizer.worker:run_tokenizer", "tokenizer-0",
+                             model_path=str(smollm2_path), inbox=inbox, bind_inbox=True,
+                             scheduler=scheduler, frontend=frontend)
     try:
-        assert wait_ready([process], status, expected=1, timeout=120) == {"tokenizer-0": None}
+        assert children.wait_ready(timeout=120) == {"tokenizer-0": None}
         to_tokenizer.put(TokenizeMsg(1, CHAT, SamplingParams()))
         to_tokenizer.put(AbortMsg(1))
         user, abort = collect(from_tokenizer, 2)
@@ -507,7 +508,7 @@ def test_run_tokenizer_serves_in_its_own_process_and_exits_on_exit_msg(smollm2_p
         process.join(timeout=30)
         assert process.exitcode == 0
     finally:
-        stop_processes([process])
+        children.stop()
         for q in (to_tokenizer, from_tokenizer, replies):
             q.close()
 
@@ -516,82 +517,99 @@ def test_run_tokenizer_serves_in_its_own_process_and_exits_on_exit_msg(smollm2_p
 
 
 @contextmanager
-def one_child(target: Callable[..., None], name: str,
-              stop_timeout: float = 5.0) -> Iterator[tuple[BaseProcess, ReadyQueue]]:
-    """A child started with start_process(target, name, status) on a ReadyQueue of its own;
-    stopped with stop_processes(timeout=stop_timeout) when the block ends."""
-    status = ReadyQueue()
-    process = start_process(target, name, status)
+def one_child(target: str, name: str,
+              stop_timeout: float = 5.0) -> Iterator[tuple[BaseProcess, Children]]:
+    """A child of process_targets started on Children of its own; stopped with
+    stop(timeout=stop_timeout) when the block ends."""
+    children = Children()
+    process = children.start(f"process_targets:{target}", name)
     try:
-        yield process, status
+        yield process, children
     finally:
-        stop_processes([process], timeout=stop_timeout)
+        children.stop(timeout=stop_timeout)
 
 
 def test_wait_ready_returns_each_childs_info_by_name():
-    status = ReadyQueue()
-    processes = [start_process(process_targets.ready_then_sleep, f"child-{i}", status)
-                 for i in range(2)]
+    children = Children()
+    for i in range(2):
+        children.start("process_targets:ready_then_sleep", f"child-{i}")
     try:
-        infos = wait_ready(processes, status, expected=2, timeout=60)
-        assert infos == {p.name: p.pid for p in processes}
+        infos = children.wait_ready(timeout=60)
+        assert infos == {p.name: p.pid for p in children.processes}
     finally:
-        stop_processes(processes)
-    assert all(p.exitcode == -signal.SIGTERM for p in processes)
+        children.stop()
+    assert all(p.exitcode == -signal.SIGTERM for p in children.processes)
+
+
+def test_a_child_that_was_ready_and_has_ended_is_not_dead_to_a_later_wait():
+    with one_child("report_start_up", "done") as (process, children):  # returns once ready
+        children.wait_ready(timeout=60)
+        process.join(timeout=30)
+        children.start("process_targets:ready_late", "late")
+        assert set(children.wait_ready(timeout=60)) == {"done", "late"}
 
 
 def test_wait_ready_names_a_child_that_raises_while_starting():
-    with one_child(process_targets.raise_while_starting, "loader") as (process, status):
+    with one_child("raise_while_starting", "loader") as (_, children):
         with pytest.raises(RuntimeError, match="loader failed while starting") as info:
-            wait_ready([process], status, expected=1, timeout=60)
+            children.wait_ready(timeout=60)
         assert "FileNotFoundError: no checkpoint at /nowhere/model" in str(info.value)
 
 
+def test_wait_ready_names_a_child_whose_target_cannot_be_imported():
+    with one_child("no_such_target", "typo") as (_, children):
+        with pytest.raises(RuntimeError, match="typo failed while starting") as info:
+            children.wait_ready(timeout=60)
+        assert "AttributeError" in str(info.value) and "no_such_target" in str(info.value)
+
+
 def test_wait_ready_names_a_child_that_exits_without_reporting():
-    with one_child(process_targets.exit_without_reporting, "silent") as (process, status):
+    with one_child("exit_without_reporting", "silent") as (_, children):
         with pytest.raises(RuntimeError, match="silent exited with code 3 before it was ready"):
-            wait_ready([process], status, expected=1, timeout=60)
+            children.wait_ready(timeout=60)
 
 
 def test_children_ignore_ctrl_c():
-    with one_child(process_targets.ready_then_sleep, "worker") as (process, status):
-        wait_ready([process], status, expected=1, timeout=60)
+    with one_child("ready_then_sleep", "worker") as (process, children):
+        children.wait_ready(timeout=60)
         os.kill(process.pid, signal.SIGINT)
         process.join(timeout=1.0)
         assert process.exitcode is None  # still serving: the launcher decides when to stop it
 
 
-def test_stop_processes_kills_a_child_that_ignores_sigterm():
-    stubborn = one_child(process_targets.ignore_sigterm, "stubborn", stop_timeout=0.0)
-    with stubborn as (process, status):
-        wait_ready([process], status, expected=1, timeout=60)
+def test_stop_kills_a_child_that_ignores_sigterm():
+    with one_child("ignore_sigterm", "stubborn", stop_timeout=0.0) as (process, children):
+        children.wait_ready(timeout=60)
         start = time.monotonic()
-        stop_processes([process], timeout=1.0)
+        children.stop(timeout=1.0)
         assert process.exitcode == -signal.SIGKILL  # SIGTERM was ignored; SIGKILL cannot be
         assert 1.0 <= time.monotonic() - start < 10.0
 
 
+def test_stop_removes_the_runs_socket_files():
+    run_id = new_run_id()
+    left = ipc_address(run_id, "left-by-a-killed-child").removeprefix("ipc://")
+    open(left, "w").close()
+    with one_child("ready_then_sleep", "worker") as (_, children):
+        children.run_id = run_id
+        children.wait_ready(timeout=60)
+    assert not os.path.exists(left)
+
+
 def test_a_child_starts_from_the_preloaded_forkserver_in_little_cpu():
     # A spawned child would import torch itself: over a second of CPU on this kind of machine.
-    with one_child(process_targets.report_start_up, "light") as (process, status):
-        info = wait_ready([process], status, expected=1, timeout=60)["light"]
+    with one_child("report_start_up", "light") as (_, children):
+        info = children.wait_ready(timeout=60)["light"]
     assert info["cpu"] < 0.5, info
 
 
 def test_a_child_sees_the_launchers_environment_as_it_is_when_the_child_starts(monkeypatch):
     # The forkserver keeps the environment it started with; the child must not.
-    status = ReadyQueue()
-    first = start_process(process_targets.report_start_up, "first", status)  # forkserver is up
-    try:
-        wait_ready([first], status, expected=1, timeout=60)
+    with one_child("report_start_up", "first") as (_, children):  # the forkserver is up
+        children.wait_ready(timeout=60)
         monkeypatch.setenv("MINISGL_TEST_LATE_VARIABLE", "set later")
-        second = start_process(process_targets.report_start_up, "second", status)
-        try:
-            info = wait_ready([second], status, expected=1, timeout=60)["second"]
-        finally:
-            stop_processes([second])
-    finally:
-        stop_processes([first])
+        children.start("process_targets:report_start_up", "second")
+        info = children.wait_ready(timeout=60)["second"]
     assert info["env"] == "set later"
 
 
@@ -599,11 +617,10 @@ def test_a_child_sees_the_launchers_environment_as_it_is_when_the_child_starts(m
 def test_a_child_exits_when_its_parent_is_killed():
     launcher = (
         "import time\n"
-        "from minisgl.utils.process import ReadyQueue, start_process, wait_ready\n"
-        "from process_targets import ready_then_sleep\n"
-        "status = ReadyQueue()\n"
-        "p = start_process(ready_then_sleep, 'orphan', status)\n"
-        "print(wait_ready([p], status, expected=1, timeout=60)['orphan'], flush=True)\n"
+        "from minisgl.utils.process import Children\n"
+        "children = Children()\n"
+        "children.start('process_targets:ready_then_sleep', 'orphan')\n"
+        "print(children.wait_ready(timeout=60)['orphan'], flush=True)\n"
         "time.sleep(60)\n")
     # The launcher finds minisgl and process_targets where this test did, as a spawned child would.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

@@ -18,8 +18,8 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import (DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg, UserReply, decode,
                              encode, unbatch)
-from minisgl.tokenizer import IncrementalDetokenizer, StopMatcher, TokenizeManager, run_tokenizer
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.tokenizer import IncrementalDetokenizer, StopMatcher, TokenizeManager
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 MODEL = Path("models/SmolLM2-135M-Instruct")  # from the repository root or a built tree
@@ -83,12 +83,12 @@ def main() -> int:
     to_tokenizer = PushQueue(inbox, bind=False, encode=encode)
     from_tokenizer = PullQueue(scheduler, bind=True, decode=decode)
     replies = PullQueue(frontend, bind=True, decode=decode)
-    status = ReadyQueue()
-    process = start_process(run_tokenizer, "tokenizer", status, model_path=str(MODEL),
-                            inbox=inbox, bind_inbox=True, scheduler=scheduler,
-                            frontend=frontend)
+    children = Children(run_id)
+    process = children.start("minisgl.tokenizer.worker:run_tokenizer", "tokenizer",
+                             model_path=str(MODEL), inbox=inbox, bind_inbox=True,
+                             scheduler=scheduler, frontend=frontend)
     try:
-        wait_ready([process], status, expected=1, timeout=120)
+        children.wait_ready(timeout=120)
         to_tokenizer.put(TokenizeMsg(uid=1, prompt=CHAT, sampling_params=SamplingParams()))
         user = from_tokenizer.get(timeout_ms=30_000)
         ok &= check(f"收到 {type(user).__name__}，id 与进程内相同",
@@ -109,7 +109,7 @@ def main() -> int:
         process.join(timeout=30)
         ok &= check(f"收到 ExitMsg 后进程退出（退出码 {process.exitcode}）", process.exitcode == 0)
     finally:
-        stop_processes([process])
+        children.stop()
         for q in (to_tokenizer, from_tokenizer, replies):
             q.close()
     return 0 if ok else 1

@@ -19,8 +19,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, StatsMsg, StatsReply, UserMsg,
                              decode, encode, unbatch)
 from minisgl.scheduler import SchedulerConfig
-from minisgl.scheduler.io import run_scheduler
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 MODEL = Path("models/SmolLM2-135M-Instruct")  # from the repository root or a built tree
@@ -71,15 +70,15 @@ def main() -> int:
     ranks, ok = [Collector(out0), Collector(out1)], True
     config = SchedulerConfig(model_path=str(MODEL), dtype=torch.float32, max_running_req=4,
                              num_page_override=512, max_seq_len_override=256)
-    status = ReadyQueue()
-    processes = [start_process(run_scheduler, f"scheduler-rank{rank}", status, config=config,
-                               rank=rank, world_size=2, inbox=inbox, broadcast=broadcast,
-                               acks=acks, reply=out)
-                 for rank, out in enumerate((out0, out1))]
+    children = Children(run_id)
+    for rank, out in enumerate((out0, out1)):
+        children.start("minisgl.scheduler.io:run_scheduler", f"scheduler-rank{rank}",
+                       config=config, rank=rank, world_size=2, inbox=inbox, broadcast=broadcast,
+                       acks=acks, reply=out)
     to_scheduler = PushQueue(inbox, bind=False, encode=encode)
     try:
-        infos = wait_ready(processes, status, expected=2, timeout=300)
-        print(f"两个调度器进程就绪（pid {[p.pid for p in processes]}）：{infos}")
+        infos = children.wait_ready(timeout=300)
+        print(f"两个调度器进程就绪（pid {[p.pid for p in children.processes]}）：{infos}")
 
         params = SamplingParams(max_tokens=MAX_TOKENS)
         for uid, prompt in enumerate(PROMPTS):
@@ -128,13 +127,13 @@ def main() -> int:
         print(f"四、300 个 token 的 prompt 被拒绝：{refused!r}；下一个请求照常完成且正确: {served}")
 
         to_scheduler.put(ExitMsg())
-        for p in processes:
+        for p in children.processes:
             p.join(timeout=60)
-        codes = [p.exitcode for p in processes]
+        codes = [p.exitcode for p in children.processes]
         ok &= codes == [0, 0]
         print(f"五、ExitMsg 之后两个进程的退出码：{codes}")
     finally:
-        stop_processes(processes)
+        children.stop()
         to_scheduler.close()
         for r in ranks:
             r.queue.close()

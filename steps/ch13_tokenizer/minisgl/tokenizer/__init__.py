@@ -4,4 +4,6 @@ stop strings."""
 from .detokenize import DetokenizeManager, IncrementalDetokenizer
 from .stop import StopMatcher
 from .tokenize import TokenizeManager
-from .worker import TokenizerWorker, run_tokenizer
+
+# Not worker.py, the process's entry: it imports transformers, which the API server (it takes
+# StopMatcher from here) does not need. Children.start names it "minisgl.tokenizer.worker:...".

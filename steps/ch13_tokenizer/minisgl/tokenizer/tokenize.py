@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # for annotations only: importing transformers takes a second
+    from transformers import PreTrainedTokenizerBase
 
 Chat = list[dict[str, str]]
 

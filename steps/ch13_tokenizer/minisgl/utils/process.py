@@ -7,14 +7,16 @@ loading" from "dead" and never waits forever on a child that is gone.
 
 from __future__ import annotations
 
+import glob
+import importlib
 import multiprocessing as mp
 import os
 import queue
 import signal
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -40,20 +42,76 @@ class Reporter:
         self._queue.put(("failed", self.name, error))
 
 
-class ReadyQueue:
-    """Where the children of one launcher report."""
+class Children:
+    """The child processes of one run and the queue they report to. `run_id`: the run whose IPC
+    socket files stop() removes (utils/zmq_queue.py names them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_id: str = "") -> None:
+        self.run_id = run_id
+        self.processes: list[BaseProcess] = []
+        self.ready: dict[str, Any] = {}  # the info each child reported ready with, by name
         self._queue = _CTX.Queue()
 
-    def reporter(self, name: str) -> Reporter:
-        return Reporter(self._queue, name)
+    def start(self, target: str, name: str, **kwargs: Any) -> BaseProcess:
+        """Run target(**kwargs, status=reporter) in a new process named `name`; the target calls
+        reporter.ready() once it serves. `target` is "module:function", imported in the child:
+        the launcher need not import what only its children run (transformers, the engine)."""
+        # daemon: should the launcher's own code raise and end the interpreter, multiprocessing
+        # terminates the children on the way out instead of waiting for them forever.
+        process = _CTX.Process(target=_child_main, name=name, daemon=True,
+                               args=(target, dict(os.environ), kwargs, Reporter(self._queue, name)))
+        process.start()
+        self.processes.append(process)
+        return process
 
-    def get(self, timeout: float) -> tuple[str, str, Any] | None:
+    def _get(self, timeout: float) -> tuple[str, str, Any] | None:
         try:
             return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def wait_ready(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Wait until every child started so far has reported ready; returns `ready`. Raises
+        RuntimeError naming the child that failed or died, or the time that ran out."""
+        deadline = time.monotonic() + timeout
+        while len(self.ready) < len(self.processes):
+            dead = [p for p in self.processes  # not one that was ready, then ended
+                    if p.exitcode is not None and p.name not in self.ready]
+            # Once a child has died, wait longer: its traceback may still be on its way.
+            report = self._get(timeout=1.0 if dead else 0.2)
+            if report is not None and report[0] == "ready":
+                self.ready[report[1]] = report[2]
+            elif report is not None:
+                _, name, info = report
+                # A rank fails because its peer died (a broken connection): name the dead too.
+                others = "".join(f"{p.name} exited with code {p.exitcode} before it was ready\n"
+                                 for p in self.processes
+                                 if p.exitcode is not None and p.name != name)
+                raise RuntimeError(f"{others}{name} failed while starting:\n{info}")
+            elif dead:
+                raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}"
+                                             for p in dead) + " before it was ready")
+            elif time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(self.ready)} of {len(self.processes)} processes "
+                                   f"were ready after {timeout:.0f} s")
+        return self.ready
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM every child, SIGKILL what is still alive after `timeout` seconds, then remove
+        the run's IPC socket files: a killed child cannot, and nothing else will use them."""
+        for p in self.processes:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        if self.run_id:
+            pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.run_id}-*")
+            for path in glob.glob(pattern):
+                os.unlink(path)
 
 
 def _exit_with_launcher() -> None:
@@ -70,7 +128,7 @@ def _exit_with_launcher() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _child_main(target: Callable[..., None], environ: dict[str, str], kwargs: dict[str, Any],
+def _child_main(target: str, environ: dict[str, str], kwargs: dict[str, Any],
                 status: Reporter) -> None:
     # Ctrl-C reaches the whole process group; only the launcher acts on it, then stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -80,59 +138,8 @@ def _child_main(target: Callable[..., None], environ: dict[str, str], kwargs: di
     os.environ.clear()
     os.environ.update(environ)
     try:
-        target(**kwargs, status=status)
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(**kwargs, status=status)
     except Exception:
         status.failed(traceback.format_exc())
         raise
-
-
-def start_process(target: Callable[..., None], name: str, status: ReadyQueue,
-                  **kwargs: Any) -> BaseProcess:
-    """Run target(**kwargs, status=reporter) in a new process named `name`; the target calls
-    reporter.ready() once it serves."""
-    # daemon: should the launcher's own code raise and end the interpreter, multiprocessing
-    # terminates the children on the way out instead of waiting for them forever.
-    process = _CTX.Process(target=_child_main, name=name, daemon=True,
-                           args=(target, dict(os.environ), kwargs, status.reporter(name)))
-    process.start()
-    return process
-
-
-def wait_ready(processes: list[BaseProcess], status: ReadyQueue, expected: int,
-               timeout: float = 600.0) -> dict[str, Any]:
-    """Wait for `expected` ready reports; their info by name. Raises RuntimeError naming the
-    child that failed or died, or the time that ran out."""
-    infos: dict[str, Any] = {}
-    deadline = time.monotonic() + timeout
-    while len(infos) < expected:
-        dead = [p for p in processes if p.exitcode is not None]
-        # Once a child has died, wait longer: its traceback may still be on its way.
-        report = status.get(timeout=1.0 if dead else 0.2)
-        if report is not None and report[0] == "ready":
-            infos[report[1]] = report[2]
-        elif report is not None:
-            _, name, info = report
-            # A rank fails because its peer died (a broken connection): name the dead too.
-            others = "".join(f"{p.name} exited with code {p.exitcode} before it was ready\n"
-                             for p in processes if p.exitcode is not None and p.name != name)
-            raise RuntimeError(f"{others}{name} failed while starting:\n{info}")
-        elif dead:
-            raise RuntimeError(", ".join(f"{p.name} exited with code {p.exitcode}" for p in dead)
-                               + " before it was ready")
-        elif time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(infos)} of {expected} processes were ready "
-                               f"after {timeout:.0f} s")
-    return infos
-
-
-def stop_processes(processes: list[BaseProcess], timeout: float = 5.0) -> None:
-    """SIGTERM every child, then SIGKILL what is still alive after `timeout` seconds."""
-    for p in processes:
-        if p.exitcode is None:
-            p.terminate()
-    deadline = time.monotonic() + timeout
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.exitcode is None:
-            p.kill()
-            p.join()

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
-import os
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
 
 import uvicorn
 
-from minisgl.scheduler.io import run_scheduler
-from minisgl.tokenizer import run_tokenizer
-from minisgl.utils.process import ReadyQueue, start_process, stop_processes, wait_ready
+from minisgl.utils.process import Children
 from minisgl.utils.zmq_queue import ipc_address, new_run_id
 
 from .api_server import create_app
@@ -34,18 +28,10 @@ from .shell import run_shell
 class Backend:
     """The child processes and the addresses the API server talks to."""
 
-    processes: list[BaseProcess]
+    children: Children
     tokenizer_inboxes: list[str]
     frontend: str
     max_seq_len: int
-    run_id: str
-
-    def stop(self) -> None:
-        stop_processes(self.processes)
-        # A killed child cannot unlink its IPC socket files; nothing else will use them.
-        pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.run_id}-*")
-        for path in glob.glob(pattern):
-            os.unlink(path)
 
 
 def start_backend(args: ServerArgs) -> Backend:
@@ -56,26 +42,23 @@ def start_backend(args: ServerArgs) -> Backend:
     scheduler_inbox, frontend = address("scheduler"), address("frontend")
     inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
     detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
-    status = ReadyQueue()
-    backend = Backend([], inboxes, frontend, 0, run_id)
-    names = [f"tokenizer-{i}" for i in range(len(inboxes))]
+    tokenizers = [(f"tokenizer-{i}", inbox) for i, inbox in enumerate(inboxes)]
     if args.num_tokenizer > 0:
-        inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
+        tokenizers.append(("detokenizer", detokenizer))
+    children = Children(run_id)
     try:  # everything started so far is stopped if anything (a signal too) interrupts us
-        backend.processes.append(start_process(
-            run_scheduler, "scheduler", status, config=args.scheduler, rank=0, world_size=1,
-            inbox=scheduler_inbox, broadcast=address("broadcast"), acks=address("acks"),
-            reply=detokenizer))
-        for name, inbox in zip(names, inboxes):
-            backend.processes.append(start_process(
-                run_tokenizer, name, status, model_path=args.scheduler.model_path,
-                inbox=inbox, bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
-        infos = wait_ready(backend.processes, status, expected=len(backend.processes))
+        children.start("minisgl.scheduler.io:run_scheduler", "scheduler", config=args.scheduler,
+                       rank=0, world_size=1, inbox=scheduler_inbox, broadcast=address("broadcast"),
+                       acks=address("acks"), reply=detokenizer)
+        for name, inbox in tokenizers:
+            children.start("minisgl.tokenizer.worker:run_tokenizer", name,
+                           model_path=args.scheduler.model_path, inbox=inbox, bind_inbox=True,
+                           scheduler=scheduler_inbox, frontend=frontend)
+        infos = children.wait_ready()
     except BaseException:
-        backend.stop()
+        children.stop()
         raise
-    backend.max_seq_len = infos["scheduler"]["max_seq_len"]
-    return backend
+    return Backend(children, inboxes, frontend, infos["scheduler"]["max_seq_len"])
 
 
 def http_url(host: str, port: int) -> str:
@@ -142,6 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):  # stopping the children must not be cut short
             signal.signal(s, signal.SIG_IGN)
-        backend.stop()
+        backend.children.stop()
         print("minisgl: stopped", flush=True)
     return 0

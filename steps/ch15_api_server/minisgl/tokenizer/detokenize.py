@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from minisgl.message import DetokenizeMsg, UserReply
+
+if TYPE_CHECKING:  # for annotations only: importing transformers takes a second
+    from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT = "\ufffd"  # what decoding prints for bytes that are not a whole character yet
 

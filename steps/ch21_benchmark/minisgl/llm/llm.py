@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -15,8 +14,7 @@ from minisgl.scheduler import SchedulerConfig, TokenOutput
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
 from minisgl.scheduler.traced import create_scheduler
 from minisgl.utils import trace as tracing
-from minisgl.utils.process import (ReadyQueue, first_exit, rendezvous_address, stop_processes,
-                                   wait_ready)
+from minisgl.utils.process import Children, rendezvous_address
 from minisgl.utils.zmq_queue import PullQueue, PushQueue, ipc_address, new_run_id
 
 
@@ -52,8 +50,7 @@ class RankProcesses:
     """TP > 1: one scheduler process per rank, as the server runs them; we are their tokenizer
     and detokenizer, talking to rank 0 over ZMQ."""
 
-    processes: list[BaseProcess]
-    status: ReadyQueue  # where they report, a traceback too
+    children: Children
     to_rank0: PushQueue
     from_rank0: PullQueue
     max_seq_len: int
@@ -65,18 +62,16 @@ class RankProcesses:
         addresses = SchedulerAddresses(*(ipc_address(run_id, name) for name in (
             "scheduler", "results", "broadcast", "acks")), rendezvous_address(run_id))
         from_rank0 = PullQueue(addresses.reply, bind=True, decode=decode)
-        status = ReadyQueue()
-        processes: list[BaseProcess] = []
+        children = Children(run_id)
         try:
-            processes += start_schedulers(config, addresses, status)
-            infos = wait_ready(processes, status, expected=len(processes))
+            start_schedulers(children, config, addresses)
+            infos = children.wait_ready()
         except BaseException:
-            stop_processes(processes)
+            children.stop()
             from_rank0.close()
             raise
         to_rank0 = PushQueue(addresses.inbox, bind=False, encode=encode)
-        return cls(processes, status, to_rank0, from_rank0,
-                   infos["scheduler-rank0"]["max_seq_len"])
+        return cls(children, to_rank0, from_rank0, infos["scheduler-rank0"]["max_seq_len"])
 
     def add(self, requests: list[Request]) -> None:
         # One message: rank 0 takes them all into the same step, as the in-process scheduler
@@ -91,7 +86,7 @@ class RankProcesses:
 
     def tokens(self) -> list[TokenOutput]:
         while (message := self.from_rank0.get(timeout_ms=500)) is None:
-            if (exited := first_exit(self.processes, self.status)) is not None:  # not a hang
+            if (exited := self.children.first_exit()) is not None:  # not a hang
                 raise RuntimeError(f"{exited}\n{exited.traceback}".rstrip())
         out = []
         for msg in unbatch(message):
@@ -105,9 +100,9 @@ class RankProcesses:
 
     def shutdown(self) -> None:
         self.to_rank0.put(ExitMsg())
-        for p in self.processes:
+        for p in self.children.processes:
             p.join(timeout=30)
-        stop_processes(self.processes)  # only those that did not exit
+        self.children.stop()  # only those that did not exit
         self.to_rank0.close()
         self.from_rank0.close()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
-from multiprocessing.process import BaseProcess
 
 import msgpack
 
@@ -15,7 +14,7 @@ from minisgl.core import fit_max_tokens
 from minisgl.message import (AbortMsg, DetokenizeMsg, ExitMsg, Message, StatsMsg, StatsReply,
                              UserMsg, batched, decode, encode, unbatch)
 from minisgl.utils import trace
-from minisgl.utils.process import ReadyQueue, Reporter, start_process, stop_processes
+from minisgl.utils.process import Children, Reporter
 from minisgl.utils.zmq_queue import PubQueue, PullQueue, PushQueue, SubQueue
 
 from .config import SchedulerConfig
@@ -213,20 +212,13 @@ class SchedulerAddresses:
     rendezvous: str  # where the TP ranks build their process group (rendezvous_address)
 
 
-def start_schedulers(config: SchedulerConfig, addresses: SchedulerAddresses,
-                     status: ReadyQueue) -> list[BaseProcess]:
-    """One scheduler process per TP rank, named scheduler-rank0, -rank1, ... Each reports on
-    `status`; only rank 0 replies."""
+def start_schedulers(children: Children, config: SchedulerConfig,
+                     addresses: SchedulerAddresses) -> None:
+    """One scheduler process per TP rank, named scheduler-rank0, -rank1, ...; only rank 0
+    replies. Each is in `children` once started: the caller's stop() covers an interruption."""
     init = addresses.rendezvous if config.tp_size > 1 else None
-    processes: list[BaseProcess] = []
-    try:
-        for rank in range(config.tp_size):
-            processes.append(start_process(
-                run_scheduler, f"scheduler-rank{rank}", status,
-                config=replace(config, tp_rank=rank, dist_init_address=init),
-                inbox=addresses.inbox, broadcast=addresses.broadcast, acks=addresses.acks,
-                reply=addresses.reply if rank == 0 else None))
-    except BaseException:  # interrupted half-way: stop the ranks already started
-        stop_processes(processes)
-        raise
-    return processes
+    for rank in range(config.tp_size):
+        children.start("minisgl.scheduler.io:run_scheduler", f"scheduler-rank{rank}",
+                       config=replace(config, tp_rank=rank, dist_init_address=init),
+                       inbox=addresses.inbox, broadcast=addresses.broadcast, acks=addresses.acks,
+                       reply=addresses.reply if rank == 0 else None)

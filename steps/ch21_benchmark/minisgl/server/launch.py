@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
-import os
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
 
 import uvicorn
 
 from minisgl.scheduler.io import SchedulerAddresses, start_schedulers
-from minisgl.tokenizer import run_tokenizer
 from minisgl.utils import trace
-from minisgl.utils.process import (ChildExit, ReadyQueue, first_exit, rendezvous_address,
-                                   start_process, stop_processes, wait_ready)
+from minisgl.utils.process import Children, rendezvous_address
 from minisgl.utils.zmq_queue import ipc_address, new_run_id
 
 from .api_server import create_app
@@ -34,25 +28,12 @@ from .shell import run_shell
 
 @dataclass
 class Backend:
-    """The child processes, where they report, and the addresses the API server talks to."""
+    """The child processes and the addresses the API server talks to."""
 
-    processes: list[BaseProcess]
-    status: ReadyQueue
+    children: Children
     tokenizer_inboxes: list[str]
     frontend: str
     max_seq_len: int
-    run_id: str
-
-    def exited(self) -> ChildExit | None:
-        """The child whose exit ended the run (any exit does); None while all are running."""
-        return first_exit(self.processes, self.status)
-
-    def stop(self) -> None:
-        stop_processes(self.processes)
-        # A killed child cannot unlink its IPC socket files; nothing else will use them.
-        pattern = os.path.join(tempfile.gettempdir(), f"minisgl-{self.run_id}-*")
-        for path in glob.glob(pattern):
-            os.unlink(path)
 
 
 def start_backend(args: ServerArgs) -> Backend:
@@ -63,25 +44,23 @@ def start_backend(args: ServerArgs) -> Backend:
     scheduler_inbox, frontend = address("scheduler"), address("frontend")
     inboxes = [address(f"tokenizer-{i}") for i in range(max(args.num_tokenizer, 1))]
     detokenizer = inboxes[0] if args.num_tokenizer == 0 else address("detokenizer")
-    status = ReadyQueue()
-    backend = Backend([], status, inboxes, frontend, 0, run_id)
-    names = [f"tokenizer-{i}" for i in range(len(inboxes))]
+    tokenizers = [(f"tokenizer-{i}", inbox) for i, inbox in enumerate(inboxes)]
     if args.num_tokenizer > 0:
-        inboxes, names = [*inboxes, detokenizer], [*names, "detokenizer"]
+        tokenizers.append(("detokenizer", detokenizer))
+    children = Children(run_id)
     try:  # everything started so far is stopped if anything (a signal too) interrupts us
-        backend.processes += start_schedulers(args.scheduler, SchedulerAddresses(
+        start_schedulers(children, args.scheduler, SchedulerAddresses(
             scheduler_inbox, detokenizer, address("broadcast"), address("acks"),
-            rendezvous_address(run_id)), status)
-        for name, inbox in zip(names, inboxes):
-            backend.processes.append(start_process(
-                run_tokenizer, name, status, model_path=args.scheduler.model_path,
-                inbox=inbox, bind_inbox=True, scheduler=scheduler_inbox, frontend=frontend))
-        infos = wait_ready(backend.processes, status, expected=len(backend.processes))
+            rendezvous_address(run_id)))
+        for name, inbox in tokenizers:
+            children.start("minisgl.tokenizer.worker:run_tokenizer", name,
+                           model_path=args.scheduler.model_path, inbox=inbox, bind_inbox=True,
+                           scheduler=scheduler_inbox, frontend=frontend)
+        infos = children.wait_ready()
     except BaseException:
-        backend.stop()
+        children.stop()
         raise
-    backend.max_seq_len = infos["scheduler-rank0"]["max_seq_len"]
-    return backend
+    return Backend(children, inboxes, frontend, infos["scheduler-rank0"]["max_seq_len"])
 
 
 def http_url(host: str, port: int) -> str:
@@ -119,7 +98,7 @@ def serve(args: ServerArgs, backend: Backend) -> bool:
             await asyncio.sleep(0.05)
         print(f"minisgl: ready, serving {args.model_name} at {http_url(args.host, server.port)}/v1 "
               f"(max_seq_len {backend.max_seq_len})", flush=True)
-        while (exited := backend.exited()) is None:
+        while (exited := backend.children.first_exit()) is None:
             await asyncio.sleep(0.5)
         if server.should_exit:  # stopping already: a signal to the whole group ends them too
             return
@@ -163,7 +142,7 @@ def _run(args: ServerArgs) -> int:
     try:
         if args.shell:
             healthy = run_shell(backend.tokenizer_inboxes, backend.frontend,
-                                backend.max_seq_len, backend.exited)
+                                backend.max_seq_len, backend.children.first_exit)
         else:
             healthy = serve(args, backend)
     except KeyboardInterrupt:
@@ -171,6 +150,6 @@ def _run(args: ServerArgs) -> int:
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):  # stopping the children must not be cut short
             signal.signal(s, signal.SIG_IGN)
-        backend.stop()
+        backend.children.stop()
         print("minisgl: stopped", flush=True)
     return 0 if healthy else 1
