@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import datetime
 import fcntl
 import json
@@ -413,7 +414,7 @@ class _DevTools:
         self.process = subprocess.Popen(
             [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
              "--remote-debugging-pipe", "about:blank"], preexec_fn=fds, close_fds=False,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         os.close(to_child)
         os.close(from_child)
         self._buffer, self._id, self.session = b"", 0, None
@@ -445,8 +446,30 @@ class _DevTools:
         return json.loads(line)
 
     def close(self) -> None:
+        """Stop Chromium and every process it started. Its helpers (the network service, for
+        one) can outlive the browser process and still write into the profile, which the
+        caller removes next: the whole session is killed, and waited for until none is left."""
         self.process.terminate()
         self.process.wait(timeout=30)
+        os.close(self._write)
+        os.close(self._read)
+        group = self.process.pid  # start_new_session: the session's and group's id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _live_members(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _live_members(group: int) -> bool:
+    """Whether a process of this process group is still running (a zombie is not: orphans
+    whose parent reaps nothing stay zombies)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":  # state, ppid, pgrp
+                return True
+    return False
 
 
 def frames(scenes: list[Scene], work: Path, chromium: str) -> int:
