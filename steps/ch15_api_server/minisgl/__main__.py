@@ -13,7 +13,7 @@ if __name__ == "__main__":
 
     code = main()
     # Everything is stopped and closed by now. The interpreter's exit would still walk the
-    # whole heap (torch, the engine) in its final garbage collections: about a second of CPU,
-    # many seconds on a busy machine after Ctrl-C. Frozen objects are skipped.
+    # whole heap (torch, the engine) in its final garbage collections: over half a second of
+    # CPU, seconds on a busy machine after Ctrl-C (chapter 15). Frozen objects are skipped.
     gc.freeze()
     sys.exit(code)
